@@ -1,0 +1,1 @@
+"""DistributedDataParallel: one process per device, gradients all-reduced during backward."""

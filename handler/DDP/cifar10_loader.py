@@ -1,0 +1,30 @@
+"""Torch DataLoaders sharded with DistributedSampler (also used by DP with one replica)."""
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from ..common.augment import eval_transform, train_transform
+from ..common.loaders import ArrayDataset, DeviceLoader, Loaders, ShardSampler, seed_worker
+
+
+def get_DDP_loader(cfg, splits) -> Loaders:
+    """Train: each rank takes its DistributedSampler shard, reshuffled every epoch
+    (set_epoch). Valid/test: exact shards, so every image is counted once."""
+    device = torch.device(cfg.device)
+    common = dict(batch_size=cfg.local_batch, num_workers=cfg.workers,
+                  pin_memory=device.type == "cuda", worker_init_fn=seed_worker)
+
+    train_set = ArrayDataset(splits.train, train_transform(cfg.cutout))
+    sampler = DistributedSampler(train_set, num_replicas=cfg.world_size, rank=cfg.rank,
+                                 shuffle=True, seed=cfg.seed)
+    # A one-image last batch would break BatchNorm's training statistics: drop it.
+    train = DataLoader(train_set, sampler=sampler, drop_last=len(sampler) % cfg.local_batch == 1, **common)
+
+    def evaluation(arrays):
+        if len(arrays[1]) == 0:
+            return None
+        dataset = ArrayDataset(arrays, eval_transform())
+        return DeviceLoader(DataLoader(dataset, sampler=ShardSampler(len(dataset), cfg.rank, cfg.world_size),
+                                       **common), device)
+
+    return Loaders(DeviceLoader(train, device), evaluation(splits.valid), evaluation(splits.test))

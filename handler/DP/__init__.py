@@ -1,0 +1,1 @@
+"""DataParallel: one process drives every visible GPU, splitting each batch among them."""

@@ -1,0 +1,1 @@
+"""Pieces every mode shares: config, data, the training loop, checkpoints, metrics."""

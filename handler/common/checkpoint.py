@@ -1,0 +1,64 @@
+"""Checkpoints: one plain dict with everything needed to resume, written atomically."""
+import os
+import random
+
+import numpy as np
+import torch
+
+from .errors import UserError
+
+FORMAT = 1
+
+
+def rng_state() -> dict:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                       "has_gauss": has_gauss, "gauss": gauss}}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    if "cuda" in state and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def make_checkpoint(*, model, optimizer, scheduler, scaler, epoch, best_acc, history, config) -> dict:
+    """`epoch` is the number of finished epochs; `model` must be the unwrapped module."""
+    return {"format": FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
+            "best_acc": best_acc, "history": history, "rng": rng_state(), "config": config}
+
+
+def save_atomic(obj: dict, path: str) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over the old file,
+    so a kill at any moment leaves either the old or the new checkpoint, never half."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_checkpoint(path: str, device) -> dict:
+    if not os.path.isfile(path):
+        raise UserError(f"no checkpoint at {path}; check --resume/--ckpt, or start without --resume")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:
+        raise UserError(f"{path} is not a readable checkpoint ({type(err).__name__}); "
+                        "pass another file to --resume") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt:
+        raise UserError(f"{path} is not a checkpoint written by this harness; pass another file to --resume")
+    return ckpt

@@ -1,0 +1,188 @@
+"""The run's configuration: parsed once, validated once, frozen, passed down.
+
+Per-rank values (rank, device, ...) are filled in with `dataclasses.replace` by the
+mode's process setup; nothing mutates a config after it is built.
+"""
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import UserError
+
+MODES = ("dp", "ddp", "ddp_dali")
+DDP_MODES = ("ddp", "ddp_dali")
+CPU_DEFAULT_PROCS = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    mode: str = "ddp"
+    num_gpu: int = 0  # devices (GPU runs) or worker processes (CPU runs), resolved
+    data: str = "./data"
+    dataset: str = "auto"
+    synthetic_train: int = 5000
+    synthetic_test: int = 1000
+    ckpt: str = "./ckpt"
+    save: str = "ckpt"
+    resume: Optional[str] = None
+    epochs: int = 30
+    batch_size: int = 256
+    model: str = "resnet18"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    seed: int = 0
+    workers: int = 2
+    valid_size: int = 5000
+    cutout: int = 0
+    metrics: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    dist_timeout: float = 120.0
+    progress: bool = True
+    amp: str = "off"
+    channels_last: bool = False
+    accum_steps: int = 1
+    # Filled per process by the mode's setup.
+    use_cuda: bool = False
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    device: str = "cpu"
+    backend: str = "none"
+
+    @property
+    def local_batch(self) -> int:
+        return self.batch_size // self.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def dataset_dir(self) -> str:
+        """Folder holding cifar-10-batches-py for this run's dataset choice."""
+        if self.dataset == "synthetic":
+            name = f"synthetic_{self.synthetic_train}x{self.synthetic_test}"
+            return os.path.join(self.data, name)
+        return self.data
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + error
+        raise UserError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Config()
+    p = _Parser(prog="train_cifar.py",
+                description="Train a CNN on CIFAR-10 with DataParallel, DDP or DDP+DALI.")
+    p.add_argument("--mode", choices=MODES, default=d.mode, help="parallel strategy")
+    p.add_argument("--num_gpu", "--num-gpu", dest="num_gpu", type=int, default=None,
+                   help="devices / worker processes (default: all visible GPUs; "
+                        f"without GPUs, {CPU_DEFAULT_PROCS} CPU processes for DDP modes)")
+    p.add_argument("--data", default=d.data, help="dataset root holding cifar-10-batches-py")
+    p.add_argument("--dataset", choices=("auto", "cifar10", "synthetic"), default=d.dataset,
+                   help="cifar10 (download if absent), synthetic, or auto: cifar10 if "
+                        "present or downloadable, else synthetic")
+    p.add_argument("--synthetic-train", type=int, default=d.synthetic_train,
+                   help="training images in a generated synthetic dataset")
+    p.add_argument("--synthetic-test", type=int, default=d.synthetic_test,
+                   help="test images in a generated synthetic dataset")
+    p.add_argument("--ckpt", default=d.ckpt, help="checkpoint directory")
+    p.add_argument("--save", choices=("ckpt", "none"), default=d.save,
+                   help="save last.pt/best.pt every epoch, or nothing")
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
+                   help="resume from PATH, or from CKPT/last.pt when no path is given")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="GLOBAL batch size; each of W processes gets batch/W")
+    p.add_argument("--model", default=d.model, help="resnet18 (default) or resnet20, see models/")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (SGD, cosine)")
+    p.add_argument("--momentum", type=float, default=d.momentum)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--workers", type=int, default=d.workers,
+                   help="DataLoader workers or DALI threads per process")
+    p.add_argument("--valid-size", type=int, default=d.valid_size,
+                   help="training images held out for validation (0 = none)")
+    p.add_argument("--cutout", type=int, default=d.cutout, help="cutout size in pixels (0 = off)")
+    p.add_argument("--metrics", default=d.metrics,
+                   help="metrics JSON path (default CKPT/metrics.json)")
+    p.add_argument("--host", default=d.host, help="rendezvous address for spawned runs")
+    p.add_argument("--port", type=int, default=d.port, help="rendezvous port (default: a free one)")
+    p.add_argument("--dist-timeout", type=float, default=d.dist_timeout,
+                   help="seconds a rank waits for a missing peer before failing")
+    p.add_argument("--amp", choices=("off", "bf16", "fp16"), default=d.amp,
+                   help="mixed precision: bf16 autocast, or fp16 autocast with GradScaler (GPU)")
+    p.add_argument("--channels-last", action="store_true", help="NHWC memory format")
+    p.add_argument("--accum-steps", type=int, default=d.accum_steps,
+                   help="split each batch into K micro-batches (gradient accumulation)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (logs stay one line per epoch)")
+    return p
+
+
+def parse_config(argv=None, *, cuda_count: Optional[int] = None) -> Config:
+    """Parse and validate the command line into a Config with num_gpu resolved."""
+    ns = build_parser().parse_args(argv)
+    fields = {f.name for f in dataclasses.fields(Config)}
+    values = {k: v for k, v in vars(ns).items() if k in fields and v is not None}
+    if cuda_count is None:
+        from .devices import cuda_status
+        cuda_count = cuda_status()[0]
+    values["use_cuda"] = cuda_count > 0
+    values["num_gpu"] = _resolve_num_gpu(ns.num_gpu, ns.mode, cuda_count)
+    # DP is one process driving num_gpu devices; the DDP modes are one process per device.
+    values["world_size"] = 1 if ns.mode == "dp" else values["num_gpu"]
+    if not values["metrics"]:
+        values["metrics"] = os.path.join(ns.ckpt, "metrics.json")
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
+
+
+def _resolve_num_gpu(requested: Optional[int], mode: str, cuda_count: int) -> int:
+    if requested is not None and requested < 1:
+        raise UserError(f"--num_gpu {requested} is not a positive count; use 1 or more")
+    if cuda_count:
+        if requested is not None and requested > cuda_count:
+            raise UserError(f"--num_gpu {requested} but only {cuda_count} GPU(s) are visible; "
+                            f"use --num_gpu 1..{cuda_count} or set CUDA_VISIBLE_DEVICES")
+        return requested or cuda_count
+    if mode == "dp":
+        return 1
+    return requested or CPU_DEFAULT_PROCS
+
+
+def validate(cfg: Config) -> None:
+    """Check everything that can be checked before any process starts."""
+    def need(ok, message):
+        if not ok:
+            raise UserError(message)
+
+    need(cfg.epochs >= 1, f"--epochs {cfg.epochs}: train for at least 1 epoch")
+    need(cfg.batch_size >= 1, f"--batch-size {cfg.batch_size}: use a positive batch size")
+    parts = cfg.num_gpu if cfg.mode == "dp" else cfg.world_size
+    need(cfg.batch_size % parts == 0,
+         f"--batch-size {cfg.batch_size} is the global batch and must split evenly over "
+         f"{parts} {'GPUs' if cfg.use_cuda else 'processes'}; use a multiple of {parts}")
+    need(cfg.lr > 0, f"--lr {cfg.lr}: the learning rate must be positive")
+    need(cfg.workers >= 0, f"--workers {cfg.workers}: use 0 or more")
+    need(cfg.valid_size >= 0, f"--valid-size {cfg.valid_size}: use 0 (none) or more")
+    need(0 <= cfg.cutout <= 32, f"--cutout {cfg.cutout}: use 0 (off) to 32 pixels")
+    need(cfg.synthetic_train >= 10 and cfg.synthetic_test >= 1,
+         "--synthetic-train needs at least 10 images and --synthetic-test at least 1")
+    need(cfg.accum_steps >= 1 and cfg.local_batch % cfg.accum_steps == 0,
+         f"--accum-steps {cfg.accum_steps} must divide the per-process batch {cfg.local_batch}")
+    need(cfg.amp != "fp16" or cfg.use_cuda, "--amp fp16 needs a GPU; use --amp bf16 on CPU")
+    need(cfg.dist_timeout > 0, "--dist-timeout must be positive seconds")
+    need(0 <= cfg.port < 65536, f"--port {cfg.port}: use 1..65535, or 0 for a free port")
+    from models import MODELS
+    need(cfg.model in MODELS, f"--model {cfg.model!r} is unknown; choose one of: "
+                              f"{', '.join(sorted(MODELS))}")

@@ -1,0 +1,83 @@
+"""The contract every loader keeps, and the pieces torch-based loaders share.
+
+A loader is an iterable of `(images, labels)` already on the run's device (float32
+NCHW, int64 [B]), with `__len__` (batches this rank yields per pass) and
+`set_epoch(e)`, called before every pass. The `data` NVTX range covers waiting for
+the next batch; `h2d` covers the copy to the GPU when there is one.
+"""
+from typing import NamedTuple, Optional
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, Sampler
+
+from .nvtx import nvtx_range
+
+
+class Loaders(NamedTuple):
+    train: object
+    valid: Optional[object]
+    test: object
+
+
+class ArrayDataset(Dataset):
+    """uint8 NHWC images + labels, run through a torchvision transform per image."""
+
+    def __init__(self, arrays, transform):
+        self.images, self.labels = arrays
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.transform(Image.fromarray(self.images[i])), int(self.labels[i])
+
+
+class ShardSampler(Sampler):
+    """Every `world`-th index from `rank`: disjoint, complete, no padding.
+
+    Evaluation uses it so each image counts exactly once; ranks may get one batch
+    more or less, which is safe because evaluation runs no collectives per batch.
+    """
+
+    def __init__(self, n: int, rank: int, world: int):
+        self.indices = range(rank, n, world)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class DeviceLoader:
+    """Wraps a torch DataLoader to yield batches on `device`."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device):
+        self.loader, self.device = loader, device
+        self.copies = device.type != "cpu"
+
+    def __len__(self):
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.loader.sampler, "set_epoch"):
+            self.loader.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        for _ in range(len(self.loader)):
+            with nvtx_range("data"):
+                images, labels = next(batches)
+            if self.copies:
+                with nvtx_range("h2d"):
+                    images = images.to(self.device, non_blocking=True)
+                    labels = labels.to(self.device, non_blocking=True)
+            yield images, labels
+
+
+def seed_worker(worker_id: int) -> None:
+    """numpy in workers gets a per-worker seed derived from torch's, like torch itself."""
+    np.random.seed(torch.initial_seed() % 2**32)

@@ -1,0 +1,118 @@
+"""One training step loop and one evaluation loop, shared by every mode.
+
+Modes differ only in how the model is wrapped and where batches come from; both
+arrive here already built. Per-step work never syncs the device: running sums stay
+on the device and are read once per epoch.
+"""
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import dist
+from .nvtx import nvtx_range
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work so wall-clock timings cover it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one optimisation step needs; AMP parts are no-ops when AMP is off."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    scaler: torch.amp.GradScaler
+    autocast: object  # a context manager factory: torch.autocast(...) or nullcontext
+    accum_steps: int = 1
+    channels_last: bool = False
+
+
+def _micro_batches(images, labels, k):
+    if k == 1:
+        return [(images, labels)]
+    return list(zip(images.chunk(k), labels.chunk(k)))
+
+
+def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar) -> dict:
+    """Train one epoch; returns global sums (all ranks) and this rank's timings."""
+    step.model.train()
+    loader.set_epoch(epoch)
+    totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
+    wait = 0.0
+    sync(device)
+    start = time.perf_counter()
+    with nvtx_range(f"epoch {epoch}"):
+        batches = iter(loader)
+        for i in range(len(loader)):
+            with nvtx_range(f"batch {i}"):
+                t = time.perf_counter()
+                images, labels = next(batches)
+                wait += time.perf_counter() - t
+                if step.channels_last:
+                    images = images.contiguous(memory_format=torch.channels_last)
+                totals += _optimise(step, images, labels)
+            bar.update(1)
+    sync(device)
+    elapsed = time.perf_counter() - start
+    dist.all_reduce_sum(totals)
+    return {"time_s": elapsed, "data_wait_s": wait, **_summarise(totals)}
+
+
+def _optimise(step: Step, images, labels) -> torch.Tensor:
+    """Forward/backward over the micro-batches, then one optimizer step.
+
+    Only the last micro-batch's backward all-reduces (DDP no_sync on the others), and
+    each micro-loss is weighted by its share of the batch, so K micro-batches give the
+    gradient of one full batch.
+    """
+    parts = _micro_batches(images, labels, step.accum_steps)
+    n = labels.shape[0]
+    loss_sum = torch.zeros((), device=labels.device, dtype=torch.float64)
+    correct = torch.zeros((), device=labels.device, dtype=torch.float64)
+    no_sync = getattr(step.model, "no_sync", nullcontext)
+    for j, (x, y) in enumerate(parts):
+        # DDP decides in forward whether the coming backward all-reduces.
+        with no_sync() if j < len(parts) - 1 else nullcontext():
+            with nvtx_range("forward"), step.autocast():
+                logits = step.model(x)
+                loss = F.cross_entropy(logits, y)
+            with nvtx_range("backward"):
+                step.scaler.scale(loss * (y.shape[0] / n)).backward()
+        loss_sum += loss.detach().double() * y.shape[0]
+        correct += (logits.detach().argmax(1) == y).sum()
+    with nvtx_range("optimizer"):
+        step.scaler.step(step.optimizer)
+        step.scaler.update()
+        step.optimizer.zero_grad(set_to_none=True)
+        step.scheduler.step()
+    return torch.stack([loss_sum, correct, torch.tensor(float(n), device=labels.device, dtype=torch.float64)])
+
+
+@torch.no_grad()
+def evaluate(model, loader, name: str, device: torch.device, autocast=nullcontext,
+             channels_last: bool = False) -> dict:
+    """Loss/accuracy over the loader, summed over ranks; each image counted once."""
+    model.eval()
+    totals = torch.zeros(3, device=device, dtype=torch.float64)
+    with nvtx_range(name):
+        for images, labels in loader:
+            if channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            with autocast():
+                logits = model(images)
+            loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+            totals += torch.stack([loss.double(), (logits.argmax(1) == labels).sum().double(),
+                                   torch.tensor(float(labels.shape[0]), device=device, dtype=torch.float64)])
+    dist.all_reduce_sum(totals)
+    return _summarise(totals)
+
+
+def _summarise(totals: torch.Tensor) -> dict:
+    loss_sum, correct, n = totals.tolist()
+    return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "samples": int(n)}

@@ -1,0 +1,53 @@
+"""The run's metrics JSON (DESIGN.md §3), rewritten by rank 0 after every epoch."""
+import datetime
+import json
+import os
+import platform
+
+import torch
+
+
+def environment(cfg, notes) -> dict:
+    import torchvision
+    from .devices import cuda_status
+    notes = [n for n in (cuda_status()[1], *notes) if n]
+    gpus = ([torch.cuda.get_device_name(i) for i in range(cfg.num_gpu)] if cfg.use_cuda else [])
+    return {"mode": cfg.mode, "world_size": cfg.world_size, "backend": cfg.backend,
+            "device": "cuda" if cfg.use_cuda else "cpu", "gpus": gpus, "dataset": cfg.dataset,
+            "torch": torch.__version__, "torchvision": torchvision.__version__,
+            "dali": _dali_version(), "nsys": os.environ.get("HARNESS_NSYS") or None,
+            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "notes": list(notes),
+            "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _dali_version():
+    try:
+        from nvidia import dali
+        return dali.__version__
+    except ImportError:
+        return None
+
+
+class MetricsFile:
+    def __init__(self, cfg, env: dict, history=()):
+        self.path = cfg.metrics
+        self.data = {"schema": 1, "config": cfg.as_dict(), "env": env,
+                     "epochs": list(history), "test": None, "total_time_s": None}
+
+    def add_epoch(self, record: dict) -> None:
+        self.data["epochs"].append(record)
+        self.write()
+
+    def finish(self, test: dict, total_time_s: float) -> None:
+        self.data["test"] = test
+        self.data["total_time_s"] = total_time_s
+        self.write()
+
+    def write(self) -> None:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f, indent=2)
+        os.replace(tmp, self.path)

@@ -1,0 +1,37 @@
+"""NVTX ranges for Nsight Systems, free when no profiler is attached.
+
+nsys (and other NVTX tools) announce themselves through NVTX_INJECTION64_PATH in the
+profiled process; without it every range is one shared no-op context manager.
+torch.cuda.nvtx is used because this nsys captures it on CPU-only runs too.
+"""
+import os
+from contextlib import nullcontext
+
+_NULL = nullcontext()
+ACTIVE = bool(os.environ.get("NVTX_INJECTION64_PATH")) or os.environ.get("HARNESS_NVTX") == "1"
+
+if ACTIVE:
+    from torch.cuda import nvtx as _nvtx
+
+
+class _Range:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        _nvtx.range_push(self.name)
+
+    def __exit__(self, *exc):
+        _nvtx.range_pop()
+
+
+def nvtx_range(name: str):
+    """`with nvtx_range("forward"): ...` marks exactly the work inside the block."""
+    return _Range(name) if ACTIVE else _NULL
+
+
+def nvtx_mark(text: str) -> None:
+    if ACTIVE:
+        _nvtx.mark(text)

@@ -1,0 +1,61 @@
+"""Checks run once, before any worker starts, so bad input fails fast and in one line."""
+import dataclasses
+import os
+import socket
+import tempfile
+
+from .checkpoint import load_checkpoint
+from .dataset import load_splits, prepare_dataset
+from .errors import UserError
+
+
+def _writable_dir(path: str, flag: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        raise UserError(f"{flag} {path} is not writable ({err.strerror}); choose a writable "
+                        f"directory with {flag}") from None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _check_port(host: str, port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            raise UserError(f"--port {port} on {host} is not available ({err.strerror}); choose "
+                            "another port, or omit --port to pick a free one") from None
+
+
+def preflight(cfg, *, spawning: bool):
+    """Validate the environment; when this process will spawn the ranks, also fetch the
+    data (rank 0's job) and pick the rendezvous port. Returns the resolved config."""
+    if cfg.save != "none":
+        _writable_dir(cfg.ckpt, "--ckpt")
+    _writable_dir(os.path.dirname(os.path.abspath(cfg.metrics)), "--metrics")
+    if cfg.mode == "ddp_dali":
+        from ..DALI.cifar10_loader import require_dali
+        require_dali()
+    if cfg.resume is not None:
+        from .trainer import resume_path
+        saved = load_checkpoint(resume_path(cfg), "cpu").get("config", {})
+        if saved.get("model") != cfg.model:
+            raise UserError(f"{resume_path(cfg)} holds a {saved.get('model')} but --model is "
+                            f"{cfg.model}; pass --model {saved.get('model')} or another checkpoint")
+    if not spawning:
+        return cfg
+    if cfg.mode != "dp":
+        if cfg.port:
+            _check_port(cfg.host, cfg.port)
+        else:
+            cfg = dataclasses.replace(cfg, port=_free_port(cfg.host))
+    cfg = prepare_dataset(cfg)
+    load_splits(cfg)  # reads every batch file: corrupt data fails here, named, before spawning
+    return cfg

@@ -1,0 +1,145 @@
+"""`fit`: build the model and optimiser, resume, run the epochs, save, test, report.
+
+Every mode calls this with two functions of its own: how to wrap the model and how
+to load the data. Nothing here knows which mode is running.
+"""
+import math
+import os
+import time
+from contextlib import nullcontext
+from functools import partial
+
+import torch
+
+from models import build_model
+from . import dist, rank0
+from .checkpoint import load_checkpoint, make_checkpoint, save_atomic, set_rng_state
+from .dataset import load_splits
+from .errors import UserError
+from .loop import Step, evaluate, train_epoch
+from .metrics import MetricsFile, environment
+from .nvtx import nvtx_mark, nvtx_range
+
+WARMUP_EPOCHS = 1
+
+
+def resume_path(cfg) -> str:
+    return cfg.resume or os.path.join(cfg.ckpt, "last.pt")
+
+
+def warmup_cosine(optimizer, steps_per_epoch: int, epochs: int):
+    total = max(steps_per_epoch * epochs, 1)
+    warmup = min(steps_per_epoch * WARMUP_EPOCHS, total // 4)
+
+    def factor(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def autocast_for(cfg, device):
+    if cfg.amp == "off":
+        return nullcontext
+    return partial(torch.autocast, device.type, dtype=torch.bfloat16 if cfg.amp == "bf16" else torch.float16)
+
+
+def epoch_seed(cfg, epoch: int) -> int:
+    """Augmentation randomness depends only on (seed, epoch, rank): resumed runs replay it."""
+    return cfg.seed + 1_000_003 * (epoch + 1) + 7919 * cfg.rank
+
+
+def fit(cfg, *, wrap, make_loaders, notes=()) -> dict:
+    device = torch.device(cfg.device)
+    nvtx_mark(f"rank {cfg.rank}")
+    started = time.perf_counter()
+    splits = load_splits(cfg)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    raw = build_model(cfg.model, len(splits.classes)).to(device)
+    if cfg.channels_last:
+        raw = raw.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(raw.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                nesterov=True, weight_decay=cfg.weight_decay)
+    loaders = make_loaders(cfg, splits)
+    scheduler = warmup_cosine(optimizer, len(loaders.train), cfg.epochs)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
+
+    start_epoch, best_acc, history = 0, -1.0, []
+    if cfg.resume is not None:
+        ckpt = load_checkpoint(resume_path(cfg), device)
+        _check_compatible(ckpt, cfg, len(splits.classes))
+        raw.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+        set_rng_state(ckpt["rng"])
+        start_epoch, best_acc, history = ckpt["epoch"], ckpt["best_acc"], list(ckpt["history"])
+        rank0.say(cfg, f"resumed from {resume_path(cfg)} after epoch {start_epoch}")
+
+    step = Step(model=wrap(raw), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
+                channels_last=cfg.channels_last)
+    evaluate_on = partial(evaluate, raw, device=device, autocast=step.autocast, channels_last=cfg.channels_last)
+    metrics = MetricsFile(cfg, environment(cfg, notes), history) if cfg.is_main else None
+    rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
+                   f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
+                   f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}")
+
+    for epoch in range(start_epoch, cfg.epochs):
+        torch.manual_seed(epoch_seed(cfg, epoch))
+        with rank0.progress(cfg, len(loaders.train), f"epoch {epoch + 1}/{cfg.epochs}") as bar:
+            train = train_epoch(step, loaders.train, epoch, device, bar)
+        val = {"loss": None, "acc": None, "samples": 0}
+        if loaders.valid is not None:
+            dist.broadcast_buffers(raw)
+            val = evaluate_on(loaders.valid, "validate")
+        record = {"epoch": epoch, "time_s": train["time_s"], "train_samples": train["samples"],
+                  "train_loss": train["loss"], "train_acc": train["acc"],
+                  "images_per_s": train["samples"] / train["time_s"], "data_wait_s": train["data_wait_s"],
+                  "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
+        history.append(record)
+        improved = val["acc"] is not None and val["acc"] > best_acc
+        best_acc = max(best_acc, val["acc"] or -1.0)
+        if cfg.is_main:
+            metrics.add_epoch(record)
+            _report_epoch(cfg, record)
+            _save(cfg, raw, optimizer, scheduler, scaler, epoch + 1, best_acc, history, improved)
+
+    dist.broadcast_buffers(raw)
+    test = evaluate_on(loaders.test, "test")
+    total = time.perf_counter() - started
+    if cfg.is_main:
+        metrics.finish(test, total)
+        rank0.say(cfg, f"test: loss {test['loss']:.4f}  acc {100 * test['acc']:.2f}%  "
+                       f"({test['samples']} images)  total {total:.1f} s  metrics -> {cfg.metrics}")
+    return {"test": test, "epochs": history, "total_time_s": total}
+
+
+def _check_compatible(ckpt, cfg, num_classes):
+    saved = ckpt.get("config", {})
+    if saved.get("model") != cfg.model:
+        raise UserError(f"the checkpoint holds a {saved.get('model')} but --model is {cfg.model}; "
+                        f"pass --model {saved.get('model')} or another checkpoint")
+    head = [v for k, v in ckpt["model"].items() if k.endswith("head.weight")]
+    if head and head[0].shape[0] != num_classes:
+        raise UserError(f"the checkpoint was trained on {head[0].shape[0]} classes but the dataset has "
+                        f"{num_classes}; use the matching dataset or start without --resume")
+
+
+def _report_epoch(cfg, r):
+    val = f"  val {100 * r['val_acc']:.2f}%" if r["val_acc"] is not None else ""
+    rank0.say(cfg, f"epoch {r['epoch'] + 1}/{cfg.epochs}  loss {r['train_loss']:.4f}  "
+                   f"acc {100 * r['train_acc']:.2f}%{val}  {r['time_s']:.1f} s  "
+                   f"{r['images_per_s']:.0f} img/s  data-wait {100 * r['data_wait_s'] / r['time_s']:.1f}%")
+
+
+def _save(cfg, raw, optimizer, scheduler, scaler, epochs_done, best_acc, history, improved):
+    if cfg.save == "none":
+        return
+    with nvtx_range("checkpoint"):
+        ckpt = make_checkpoint(model=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                               epoch=epochs_done, best_acc=best_acc, history=history, config=cfg.as_dict())
+        os.makedirs(cfg.ckpt, exist_ok=True)
+        save_atomic(ckpt, os.path.join(cfg.ckpt, "last.pt"))
+        if improved:
+            save_atomic(ckpt, os.path.join(cfg.ckpt, "best.pt"))

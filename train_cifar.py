@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""Train a CNN on CIFAR-10 with DataParallel (dp), DDP (ddp) or DDP + DALI (ddp_dali).
+
+This file only parses, validates and dispatches; each mode lives in handler/.
+"""
+import sys
+
+from handler.common.config import parse_config
+from handler.common.devices import cuda_status
+from handler.common.errors import one_line_errors
+from handler.common.preflight import preflight
+from handler.DDP.utils import launched_by_torchrun
+
+
+def run_mode(cfg) -> None:
+    if cfg.mode == "dp":
+        from handler.DP.run import run
+        return run(cfg)
+    from handler.DDP.run import run
+    if cfg.mode == "ddp_dali":
+        from handler.DALI.cifar10_loader import get_DALI_loader as make_loaders
+    else:
+        from handler.DDP.cifar10_loader import get_DDP_loader as make_loaders
+    run(cfg, make_loaders)
+
+
+def main(argv=None) -> int:
+    with one_line_errors():
+        cfg = parse_config(argv)
+        note = cuda_status()[1]
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
+        cfg = preflight(cfg, spawning=not launched_by_torchrun())
+        run_mode(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
