@@ -58,7 +58,9 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
         device, backend = f"cuda:{local_rank}", "nccl"
     else:
         # Ranks on one machine share its cores; more threads than cores only thrash.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        # An explicit OMP_NUM_THREADS (torchrun sets one) wins.
+        threads = os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // local_world
+        torch.set_num_threads(max(1, int(threads)))
         device, backend = "cpu", "gloo"
     tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                              timeout=datetime.timedelta(seconds=timeout_s),

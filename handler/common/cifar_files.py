@@ -16,7 +16,7 @@ FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
 META_FILE = "batches.meta"
-URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+URL = os.environ.get("CIFAR10_URL", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz")
 ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
 
 

@@ -28,6 +28,7 @@ class Config:
     save: str = "ckpt"
     resume: Optional[str] = None
     epochs: int = 30
+    stop_after: int = 0
     batch_size: int = 256
     model: str = "resnet18"
     lr: float = 0.1
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
                    help="resume from PATH, or from CKPT/last.pt when no path is given")
     p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--stop-after", type=int, default=d.stop_after, metavar="N",
+                   help="end this run after N more epochs, keeping the --epochs schedule "
+                        "(for time-boxed jobs; continue later with --resume)")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="GLOBAL batch size; each of W processes gets batch/W")
     p.add_argument("--model", default=d.model, help="resnet18 (default) or resnet20, see models/")
@@ -167,6 +171,7 @@ def validate(cfg: Config) -> None:
             raise UserError(message)
 
     need(cfg.epochs >= 1, f"--epochs {cfg.epochs}: train for at least 1 epoch")
+    need(cfg.stop_after >= 0, f"--stop-after {cfg.stop_after}: use 0 (off) or a positive epoch count")
     need(cfg.batch_size >= 1, f"--batch-size {cfg.batch_size}: use a positive batch size")
     parts = cfg.num_gpu if cfg.mode == "dp" else cfg.world_size
     need(cfg.batch_size % parts == 0,

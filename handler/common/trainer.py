@@ -85,7 +85,8 @@ def fit(cfg, *, wrap, make_loaders, notes=()) -> dict:
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
                    f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}")
 
-    for epoch in range(start_epoch, cfg.epochs):
+    last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
+    for epoch in range(start_epoch, last_epoch):
         torch.manual_seed(epoch_seed(cfg, epoch))
         with rank0.progress(cfg, len(loaders.train), f"epoch {epoch + 1}/{cfg.epochs}") as bar:
             train = train_epoch(step, loaders.train, epoch, device, bar)

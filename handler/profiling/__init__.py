@@ -1,0 +1,5 @@
+"""Reading Nsight Systems reports of training runs: `python -m handler.profiling.report`.
+
+nsys exports the report to SQLite (trace.py reads it), analysis.py turns the NVTX
+ranges of DESIGN.md §4 into per-rank numbers, render.py writes them for people.
+"""

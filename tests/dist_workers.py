@@ -1,0 +1,55 @@
+"""Worker functions for tests that start real gloo process groups (importable by spawn)."""
+import dataclasses
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from handler.common.loop import Step, _optimise
+from handler.DDP.model import model_to_DDP
+from handler.DDP.utils import destroy_process, initialize_group
+
+
+class TinyNet(nn.Module):
+    """A small CNN without BatchNorm, so per-rank batches give exactly the full-batch gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.head(F.max_pool2d(F.relu(self.conv(x)), 4).flatten(1))
+
+
+def fixed_batches(steps: int, batch: int):
+    g = torch.Generator().manual_seed(123)
+    return [(torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(steps)]
+
+
+def train_steps(model, batches, accum_steps=1):
+    """Run the harness's own optimisation step over the given (images, labels) batches."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    step = Step(model=model, optimizer=optimizer,
+                scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                scaler=torch.amp.GradScaler("cpu", enabled=False),
+                autocast=lambda: torch.autocast("cpu", enabled=False), accum_steps=accum_steps)
+    for images, labels in batches:
+        _optimise(step, images, labels)
+
+
+def ddp_worker(proc_id, world, port, steps, batch, accum_steps, out_dir):
+    me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=60)
+    try:
+        torch.manual_seed(0)
+        raw = TinyNet()
+        model = model_to_DDP(raw)
+        # Each rank takes its contiguous slice of every global batch.
+        local = [(x.chunk(world)[me.rank], y.chunk(world)[me.rank]) for x, y in fixed_batches(steps, batch)]
+        train_steps(model, local, accum_steps)
+        if me.rank == 0:
+            torch.save(raw.state_dict(), os.path.join(out_dir, "ddp.pt"))
+    finally:
+        destroy_process()

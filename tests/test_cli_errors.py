@@ -1,0 +1,92 @@
+"""Every bad input gets one line naming the problem and the fix, and a non-zero exit."""
+import pytest
+
+import train_cifar
+from handler.common.config import parse_config
+from handler.common.errors import UserError
+from tests.conftest import SMALL, error_lines, run_cli
+
+
+def fails_with_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_cifar.main([str(a) for a in argv])
+    assert exit_info.value.code not in (0, None)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("note:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--mode", "pp"], "invalid choice: 'pp'"),
+    (["--num_gpu", "0"], "--num_gpu 0 is not a positive count"),
+    (["--num-gpu", "-2"], "--num_gpu -2 is not a positive count"),
+    (["--num_gpu", "3", "--batch-size", "64"], "--batch-size 64 is the global batch and must split evenly over 3"),
+    (["--model", "vgg"], "--model 'vgg' is unknown"),
+    (["--epochs", "0"], "--epochs 0"),
+    (["--cutout", "40"], "--cutout 40"),
+    (["--accum-steps", "3", "--batch-size", "64"], "--accum-steps 3 must divide"),
+    (["--amp", "fp16"], "--amp fp16 needs a GPU"),
+    (["--lr", "abc"], "invalid float value: 'abc'"),
+])
+def test_bad_option_gives_one_clear_line(argv, expected, capsys):
+    assert expected in fails_with_one_line(argv, capsys)
+
+
+def test_num_gpu_above_visible_gpus_names_the_count():
+    with pytest.raises(UserError, match=r"--num_gpu 3 but only 2 GPU\(s\) are visible"):
+        parse_config(["--num_gpu", "3"], cuda_count=2)
+
+
+def test_unwritable_ckpt_dir_is_caught_before_training(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = fails_with_one_line(["--ckpt", blocker / "ckpt", "--data", tmp_path, *SMALL], capsys)
+    assert "--ckpt" in line and "not writable" in line
+
+
+def test_unwritable_metrics_dir_is_caught_before_training(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = fails_with_one_line(["--metrics", blocker / "m.json", "--ckpt", tmp_path, *SMALL], capsys)
+    assert "--metrics" in line
+
+
+def test_valid_size_not_below_train_size_is_caught_before_training(data_root, tmp_path, capsys):
+    line = fails_with_one_line(["--data", data_root, "--ckpt", tmp_path, "--valid-size", 5000, *SMALL], capsys)
+    assert "--valid-size 5000 leaves no training images" in line
+
+
+def test_missing_data_in_offline_cifar10_mode(tmp_path, capsys, monkeypatch):
+    import handler.common.cifar_files as files
+    monkeypatch.setattr(files, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")
+    line = fails_with_one_line(["--dataset", "cifar10", "--data", tmp_path / "nothing", "--ckpt", tmp_path], capsys)
+    assert "could not be downloaded" in line and "--dataset synthetic" in line
+
+
+@pytest.mark.parametrize("content", [None, b"garbage"])
+def test_resume_from_missing_or_non_checkpoint_file(tmp_path, capsys, content):
+    path = tmp_path / "x.pt"
+    if content is not None:
+        path.write_bytes(content)
+    line = fails_with_one_line(["--resume", path, "--ckpt", tmp_path, *SMALL], capsys)
+    assert str(path) in line
+
+
+def test_busy_port_is_named(data_root, tmp_path, capsys):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        line = fails_with_one_line(["--mode", "ddp", "--port", port, "--data", data_root,
+                                    "--ckpt", tmp_path, *SMALL], capsys)
+    assert f"--port {port}" in line
+
+
+def test_real_process_exits_nonzero_with_one_line(tmp_path):
+    proc = run_cli(["--mode", "nope"])
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and "invalid choice" in lines[0]

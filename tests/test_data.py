@@ -1,0 +1,89 @@
+"""The CIFAR layout reader, the split, the synthetic set and the download fallback."""
+import pickle
+
+import numpy as np
+import pytest
+
+from handler.common.cifar_files import FOLDER, read_cifar
+from handler.common.config import Config
+from handler.common.dataset import prepare_dataset, split_indices
+from handler.common.errors import UserError
+
+
+def write_by_hand(root, sizes, n_test, classes):
+    """A CIFAR-layout folder written the way the original (bytes keys) files are."""
+    folder = root / FOLDER
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i, n in enumerate(sizes, 1):
+        batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 b"labels": list(rng.integers(0, len(classes), n))}
+        (folder / f"data_batch_{i}").write_bytes(pickle.dumps(batch))
+    (folder / "test_batch").write_bytes(pickle.dumps({b"data": np.zeros((n_test, 3072), np.uint8),
+                                                      b"labels": [0] * n_test}))
+    (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": [c.encode() for c in classes]}))
+    return folder
+
+
+def test_reader_accepts_a_hand_made_folder_with_non_standard_batch_sizes(tmp_path):
+    write_by_hand(tmp_path, [3, 17, 1, 250, 9], n_test=7, classes=["cat", "dog", "emu"])
+    data = read_cifar(str(tmp_path))
+    assert data.train_x.shape == (280, 32, 32, 3) and data.train_x.dtype == np.uint8
+    assert data.test_x.shape == (7, 32, 32, 3)
+    assert data.classes == ["cat", "dog", "emu"]
+    assert data.train_y.max() < 3
+
+
+def test_reader_keeps_cifar_channel_order(tmp_path):
+    folder = write_by_hand(tmp_path, [1, 1, 1, 1, 1], n_test=1, classes=["a"])
+    flat = np.zeros((1, 3072), np.uint8)
+    flat[0, :1024] = 200  # the red plane comes first on disk
+    (folder / "data_batch_1").write_bytes(pickle.dumps({"data": flat, "labels": [0]}))
+    img = read_cifar(str(tmp_path)).train_x[0]
+    assert (img[..., 0] == 200).all() and (img[..., 1:] == 0).all()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_a_corrupt_batch_file_is_named_in_one_line(tmp_path, damage):
+    folder = write_by_hand(tmp_path, [5] * 5, n_test=3, classes=["a", "b"])
+    path = folder / "data_batch_3"
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) // 2] if damage == "truncate" else b"not a pickle" * 10)
+    with pytest.raises(UserError, match="data_batch_3 is truncated or corrupt"):
+        read_cifar(str(tmp_path))
+
+
+def test_zero_test_images_is_a_clear_error(tmp_path):
+    write_by_hand(tmp_path, [5] * 5, n_test=0, classes=["a", "b"])
+    with pytest.raises(UserError, match="test_batch holds no images"):
+        read_cifar(str(tmp_path))
+
+
+def test_split_is_deterministic_disjoint_and_complete():
+    train, valid = split_indices(1000, 100, seed=3)
+    again_train, again_valid = split_indices(1000, 100, seed=3)
+    assert np.array_equal(train, again_train) and np.array_equal(valid, again_valid)
+    assert len(valid) == 100 and set(train).isdisjoint(valid) and len(train) + len(valid) == 1000
+    assert not np.array_equal(split_indices(1000, 100, seed=4)[1], valid)
+
+
+def test_valid_size_not_below_train_size_is_a_clear_error():
+    with pytest.raises(UserError, match="--valid-size 1000 leaves no training images"):
+        split_indices(1000, 1000, seed=0)
+
+
+def test_auto_falls_back_to_synthetic_loudly_and_never_writes_into_the_real_folder(tmp_path, monkeypatch, capsys):
+    import handler.common.cifar_files as files
+    monkeypatch.setattr(files, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")  # nothing listens
+    cfg = prepare_dataset(Config(data=str(tmp_path), dataset="auto", synthetic_train=50, synthetic_test=10))
+    assert cfg.dataset == "synthetic"
+    assert "SYNTHETIC" in capsys.readouterr().err
+    assert not (tmp_path / FOLDER).exists()
+    assert read_cifar(cfg.dataset_dir).train_x.shape[0] == 50
+
+
+def test_cifar10_offline_without_data_is_a_clear_error(tmp_path, monkeypatch):
+    import handler.common.cifar_files as files
+    monkeypatch.setattr(files, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")
+    with pytest.raises(UserError, match="could not be downloaded.*--dataset synthetic"):
+        prepare_dataset(Config(data=str(tmp_path / "missing"), dataset="cifar10"))

@@ -1,0 +1,70 @@
+"""Resumed runs equal straight runs; torchrun (one node and two nodes) trains too."""
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+
+from tests.conftest import N_TEST, ROOT, SMALL, read_metrics, run_cli
+
+COMMON = ["--epochs", 2, "--batch-size", 64, "--valid-size", 100, *SMALL]
+
+
+def load_model(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def test_two_epochs_straight_equal_one_epoch_then_resume_bit_for_bit(data_root, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    args = ["--mode", "ddp", "--num_gpu", 2, "--data", data_root, *COMMON]
+    for cmd in ([*args, "--ckpt", straight], [*args, "--ckpt", split, "--stop-after", 1],
+                [*args, "--ckpt", split, "--resume"]):
+        proc = run_cli(cmd)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = load_model(straight / "last.pt"), load_model(split / "last.pt")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after resume"
+    ma, mb = read_metrics(straight / "metrics.json"), read_metrics(split / "metrics.json")
+    assert [e["train_loss"] for e in ma["epochs"]] == [e["train_loss"] for e in mb["epochs"]]
+    assert ma["test"] == mb["test"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def test_torchrun_single_node_two_processes(data_root, tmp_path):
+    proc = run_cli(["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+                    str(ROOT / "train_cifar.py"), "--mode", "ddp", "--data", data_root,
+                    "--ckpt", tmp_path, *COMMON], cmd=TORCHRUN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_metrics(tmp_path / "metrics.json")
+    assert m["env"]["world_size"] == 2 and m["test"]["samples"] == N_TEST
+
+
+def test_torchrun_two_nodes_on_loopback_train_together(data_root, tmp_path):
+    port = free_port()
+    nodes = []
+    for node_rank in (0, 1):
+        cmd = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node_rank}",
+               "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train_cifar.py"),
+               "--mode", "ddp", "--data", str(data_root), "--ckpt", str(tmp_path / f"node{node_rank}"),
+               *map(str, COMMON)]
+        # Both "nodes" share this machine's cores: one thread each, as on a real split.
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        nodes.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=240) for p in nodes]
+    for p, (_, err) in zip(nodes, outputs):
+        assert p.returncode == 0, err[-3000:]
+    m = read_metrics(tmp_path / "node0" / "metrics.json")
+    assert m["env"]["world_size"] == 2
+    assert m["test"]["samples"] == N_TEST
+    assert not (tmp_path / "node1" / "metrics.json").exists(), "only global rank 0 writes metrics"

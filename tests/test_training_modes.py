@@ -1,0 +1,42 @@
+"""End to end: each mode trains on CPU, writes the DESIGN.md metrics, and learns."""
+import pytest
+
+from tests.conftest import N_TEST, SMALL, read_metrics, run_cli
+
+EPOCH_KEYS = {"epoch", "time_s", "train_samples", "train_loss", "train_acc", "images_per_s",
+              "data_wait_s", "val_loss", "val_acc", "val_samples"}
+ENV_KEYS = {"mode", "world_size", "backend", "device", "gpus", "dataset", "torch", "torchvision",
+            "dali", "nsys", "started_at"}
+
+
+def train_two_epochs(mode, procs, data_root, tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(["--mode", mode, "--num_gpu", procs, "--data", data_root, "--ckpt", out,
+                    "--epochs", 2, "--batch-size", 64, "--valid-size", 100, "--lr", 0.05, *SMALL])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, read_metrics(out / "metrics.json")
+
+
+@pytest.mark.parametrize("mode,procs", [("dp", 1), ("ddp", 2)])
+def test_mode_trains_two_epochs_writes_metrics_and_learns(mode, procs, data_root, tmp_path):
+    proc, m = train_two_epochs(mode, procs, data_root, tmp_path)
+    assert m["schema"] == 1
+    assert ENV_KEYS <= set(m["env"])
+    assert m["env"]["mode"] == mode and m["env"]["world_size"] == procs
+    assert m["env"]["dataset"] == "synthetic"
+    assert m["config"]["batch_size"] == 64 and m["config"]["dataset"] == "synthetic"
+    assert [e["epoch"] for e in m["epochs"]] == [0, 1]
+    for e in m["epochs"]:
+        assert EPOCH_KEYS <= set(e)
+        assert 0 <= e["train_acc"] <= 1 and 0 <= e["val_acc"] <= 1
+        assert e["val_samples"] == 100
+        assert e["train_samples"] >= 1101  # every training image at least once
+    assert m["test"]["samples"] == N_TEST
+    assert m["test"]["acc"] > 0.3, "well above the 0.1 of chance"
+    assert m["epochs"][1]["train_loss"] < m["epochs"][0]["train_loss"]
+    assert m["total_time_s"] > 0
+    assert (tmp_path / "run" / "last.pt").is_file() and (tmp_path / "run" / "best.pt").is_file()
+    if mode == "dp" and m["env"]["device"] == "cpu":  # DP without GPUs says so, once, and records it
+        assert proc.stdout.count("DP needs GPUs to split work") == 1
+        assert any("DP needs GPUs" in n for n in m["env"]["notes"])
+
