@@ -32,32 +32,39 @@ def resolve_source(source=None) -> str:
 
 
 def get_DALI_loader(cfg, splits, source=None) -> Loaders:
-    """Train: equal shards (padded like DistributedSampler), reshuffled by DALI every
-    pass. Valid/test: exact shards, so every image is counted once."""
+    """Train: equal shards of a permutation drawn afresh each epoch (DistributedSampler's
+    scheme). Valid/test: exact shards, so every image is counted once."""
     require_dali()
     from .pipeline import CifarPipeline, DALILoader, shard_size
 
     fmt = resolve_source(source)
 
-    def loader(arrays, train):
-        images, labels = arrays
+    decode = fmt == "jpeg"
+
+    def train_loader(images, labels):
         files = np.array(derived_files(cfg, images, fmt))
-        if train:
-            order = padded_permutation(len(labels), cfg.world_size, cfg.seed)
-            samples = len(order) // cfg.world_size
-        else:
-            order = np.arange(len(labels))
-            samples = shard_size(len(labels), cfg.rank, cfg.world_size)
-        pipe = CifarPipeline(cfg, files[order], labels[order], train=train, decode=fmt == "jpeg")
+
+        def make(epoch):
+            order = padded_permutation(len(labels), cfg.world_size, cfg.seed, epoch)
+            return CifarPipeline(cfg, files[order], labels[order], train=True, decode=decode, epoch=epoch)
+
+        samples = -(-len(labels) // cfg.world_size)
         # A one-image last batch would break BatchNorm's training statistics: drop it.
-        return DALILoader(pipe, samples, drop_last=train and samples % cfg.local_batch == 1)
+        drop_last = samples % cfg.local_batch == 1
+        return DALILoader(make, samples, cfg.local_batch, drop_last=drop_last, reseed=True)
 
-    valid = loader(splits.valid, train=False) if len(splits.valid[1]) else None
-    return Loaders(loader(splits.train, train=True), valid, loader(splits.test, train=False))
+    def eval_loader(images, labels):
+        if len(labels) == 0:
+            return None
+        files = derived_files(cfg, images, fmt)
+        return DALILoader(lambda epoch: CifarPipeline(cfg, files, labels, train=False, decode=decode),
+                          shard_size(len(labels), cfg.rank, cfg.world_size), cfg.local_batch)
+
+    return Loaders(train_loader(*splits.train), eval_loader(*splits.valid), eval_loader(*splits.test))
 
 
-def padded_permutation(n: int, world: int, seed: int) -> np.ndarray:
-    """A seeded permutation padded to a multiple of `world` by repeating its head, as
+def padded_permutation(n: int, world: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's permutation, padded to a multiple of `world` by repeating its head as
     DistributedSampler does: equal shards, so no DDP rank waits for a missing batch."""
-    perm = np.random.default_rng(seed).permutation(n)
+    perm = np.random.default_rng([seed, epoch]).permutation(n)
     return np.concatenate([perm, perm[:-n % world]])

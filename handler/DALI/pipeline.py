@@ -22,20 +22,21 @@ class CifarPipeline(Pipeline):
     by 4 on every side, a horizontal flip with p=0.5, then cutout after
     normalisation. Otherwise the pipeline only normalises, deterministically.
     `decode` says the files are JPEGs; without it they are raw HWC uint8 bytes.
+    `epoch` enters the seed, so one epoch's pass can be rebuilt exactly.
     """
 
-    def __init__(self, cfg, files, labels, *, train: bool, decode: bool):
+    def __init__(self, cfg, files, labels, *, train: bool, decode: bool, epoch: int = 0):
         gpu = cfg.use_cuda
+        seed = np.random.SeedSequence([cfg.seed, cfg.rank, epoch]).generate_state(1)[0]
         super().__init__(batch_size=cfg.local_batch, num_threads=max(1, cfg.workers),
-                         device_id=cfg.local_rank if gpu else None,
-                         seed=int(np.random.SeedSequence([cfg.seed, cfg.rank]).generate_state(1)[0]))
+                         device_id=cfg.local_rank if gpu else None, seed=int(seed))
         with self:
+            # Each rank keeps its shard: DALI's shards may differ by one image, and a
+            # rank's len() must not change from pass to pass.
             data, label = fn.readers.file(
                 files=[str(f) for f in files], labels=[int(y) for y in labels], name=READER,
-                shard_id=cfg.rank, num_shards=cfg.world_size,
-                # Training shards are equal-sized and rotate each pass; evaluation shards
-                # may differ by one image, so each rank keeps its own to keep len() right.
-                random_shuffle=train, stick_to_shard=not train, pad_last_batch=True)
+                shard_id=cfg.rank, num_shards=cfg.world_size, stick_to_shard=True,
+                random_shuffle=train, pad_last_batch=True)
             if decode:
                 images = fn.decoders.image(data, device="mixed" if gpu else "cpu", output_type=types.RGB)
             else:
@@ -68,26 +69,35 @@ def shard_size(n: int, rank: int, world: int) -> int:
 
 
 class DALILoader:
-    """Yields (images float32 NCHW, labels int64 [B]) from one CifarPipeline pass.
+    """Yields (images float32 NCHW, labels int64 [B]) from the pipeline `make(epoch)` builds.
 
     `samples` is this rank's shard size; the reader pads the shard's last batch and
-    the iterator trims the padding, so each sample is yielded exactly once per pass.
+    the iterator trims the padding, so each sample is yielded once per pass. With
+    `reseed`, set_epoch(e) starts a fresh pipeline for epoch e, so a resumed run
+    replays the same batches; without it one pipeline serves every pass.
     """
 
-    def __init__(self, pipe: CifarPipeline, samples: int, drop_last: bool = False):
-        batch = pipe.max_batch_size
+    def __init__(self, make, samples: int, batch: int, *, drop_last: bool = False, reseed: bool = False):
+        self.make, self.reseed = make, reseed
+        self.policy = LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL
         self.batches = samples // batch if drop_last else math.ceil(samples / batch)
-        self.iterator = DALIGenericIterator(
-            [pipe], ["images", "labels"], reader_name=READER, auto_reset=True,
-            last_batch_policy=LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL)
+        self._start(0)
+
+    def _start(self, epoch: int) -> None:
+        self.iterator = None  # release the old pipeline before building the next
+        self.iterator = DALIGenericIterator([self.make(epoch)], ["images", "labels"], reader_name=READER,
+                                            auto_reset=True, last_batch_policy=self.policy)
+        self.epoch, self.used = epoch, False
 
     def __len__(self):
         return self.batches
 
     def set_epoch(self, epoch: int) -> None:
-        """Nothing to do: the reader reshuffles and moves to the next shard every pass."""
+        if self.reseed and (epoch != self.epoch or self.used):
+            self._start(epoch)
 
     def __iter__(self):
+        self.used = True
         batches = iter(self.iterator)
         while True:
             with nvtx_range("data"):

@@ -1,13 +1,14 @@
 """The DDP modes' entry: start (or join) the ranks, then train with the shared loop."""
 import dataclasses
+import os
 
 from ..common import rank0
-from ..common.dataset import prepare_dataset
+from ..common.config import validate
+from ..common.dataset import data_lock, prepare_dataset
 from ..common.errors import one_line_errors
 from ..common.trainer import fit
-from ..common.config import validate
 from .model import model_to_DDP
-from .utils import destroy_process, initialize_group, launched_by_torchrun, run_process
+from .utils import destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, run_process
 
 
 def run(cfg, make_loaders) -> None:
@@ -19,13 +20,31 @@ def run(cfg, make_loaders) -> None:
 
 def worker(proc_id: int, cfg, make_loaders) -> None:
     with one_line_errors(f"rank {proc_id}"):
+        if launched_by_torchrun():
+            cfg = _torchrun_preparation(cfg)
         me = initialize_group(proc_id, cfg.host, cfg.port, cfg.num_gpu,
                               use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout)
         try:
             cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))
             validate(cfg)  # torchrun may have chosen a world size the command line did not
-            with rank0.first(cfg):
-                cfg = prepare_dataset(cfg)
             fit(cfg, wrap=model_to_DDP, make_loaders=make_loaders)
         finally:
             destroy_process()
+
+
+def _torchrun_preparation(cfg):
+    """Under torchrun nobody prepared the data before the workers started, and after an
+    elastic restart the workers continue from the last checkpoint by themselves."""
+    with data_lock(cfg):
+        cfg = prepare_dataset(cfg)
+    restarts_allowed = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if restarts_allowed and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1" \
+            and os.environ.get("RANK") == "0" and not elastic_restart_count():
+        rank0.say(cfg, "warning: restarted workers can read stale rendezvous keys (pytorch#135712); "
+                       "run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", err=True)
+    last = os.path.join(cfg.ckpt, "last.pt")
+    if elastic_restart_count() and cfg.resume is None and os.path.isfile(last):
+        if os.environ.get("RANK") == "0":
+            rank0.banner(cfg, f"elastic restart {elastic_restart_count()}: resuming from {last}")
+        cfg = dataclasses.replace(cfg, resume="")
+    return cfg

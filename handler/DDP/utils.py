@@ -6,6 +6,8 @@ through the environment instead.
 """
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +16,8 @@ import torch.multiprocessing as mp
 
 from ..common.devices import cuda_status
 from ..common.errors import UserError
+
+GRACE_S = 5  # after a rank fails, how long the others get to exit before SIGTERM/SIGKILL
 
 
 @dataclass(frozen=True)
@@ -30,15 +34,38 @@ def launched_by_torchrun() -> bool:
 
 
 def run_process(func, args: tuple, nprocs: int) -> None:
-    """Run func(proc_id, *args) in nprocs fresh processes; fail as soon as one fails."""
+    """Run func(proc_id, *args) in nprocs fresh processes and wait for them.
+
+    The first SIGINT/SIGTERM is passed on to the ranks, which stop together at a step
+    boundary and save; a second one kills them. When one rank dies the others are
+    stopped within seconds and the dead rank is named.
+    """
+    ctx = mp.start_processes(func, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    signals_seen = []
+
+    def forward(signum, frame):
+        signals_seen.append(signum)
+        for proc in ctx.processes:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM if len(signals_seen) == 1 else signal.SIGKILL)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        mp.start_processes(func, args=args, nprocs=nprocs, join=True, start_method="spawn")
+        while not ctx.join(grace_period=GRACE_S):
+            pass
     except mp.ProcessExitedException as err:
-        # exit code 2: the rank already printed its one-line reason (UserError).
-        if err.exit_code == 2:
-            raise SystemExit(2) from None
+        # 2: the rank printed its one-line reason. 128+n: it stopped on signal n and said so.
+        if err.exit_code == 2 or (err.exit_code or 0) > 128:
+            raise SystemExit(err.exit_code) from None
+        if signals_seen and err.signal_name:
+            print(f"stopped by {signal.Signals(signals_seen[0]).name} before rank {err.error_index} "
+                  "could save; the last checkpoint is unchanged", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signals_seen[0]) from None
         how = f"was killed by {err.signal_name}" if err.signal_name else f"exited with code {err.exit_code}"
         raise UserError(f"rank {err.error_index} {how}; the other ranks were stopped") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
@@ -67,6 +94,11 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
                              device_id=torch.device(device) if use_cuda else None)
     tdist.barrier()
     return Rank(rank=rank, local_rank=local_rank, world_size=world, device=device, backend=backend)
+
+
+def elastic_restart_count() -> int:
+    """How often torchrun has restarted this job's workers (0 on the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if launched_by_torchrun() else 0
 
 
 def destroy_process() -> None:

@@ -29,10 +29,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def make_checkpoint(*, model, optimizer, scheduler, scaler, epoch, best_acc, history, config) -> dict:
-    """`epoch` is the number of finished epochs; `model` must be the unwrapped module."""
+def make_checkpoint(*, model, optimizer, scheduler, scaler, epoch, step, best_acc, history, config) -> dict:
+    """`epoch` finished epochs plus `step` finished steps of the next (0 at epoch ends);
+    `model` must be the unwrapped module."""
     return {"format": FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch, "step": step,
             "best_acc": best_acc, "history": history, "rng": rng_state(), "config": config}
 
 

@@ -177,6 +177,9 @@ def validate(cfg: Config) -> None:
     need(cfg.batch_size % parts == 0,
          f"--batch-size {cfg.batch_size} is the global batch and must split evenly over "
          f"{parts} {'GPUs' if cfg.use_cuda else 'processes'}; use a multiple of {parts}")
+    need(cfg.batch_size // parts >= 2,
+         f"--batch-size {cfg.batch_size} gives {cfg.batch_size // parts} image per "
+         f"{'GPU' if cfg.use_cuda else 'process'}; BatchNorm needs at least 2: use --batch-size {2 * parts} or more")
     need(cfg.lr > 0, f"--lr {cfg.lr}: the learning rate must be positive")
     need(cfg.workers >= 0, f"--workers {cfg.workers}: use 0 or more")
     need(cfg.valid_size >= 0, f"--valid-size {cfg.valid_size}: use 0 (none) or more")

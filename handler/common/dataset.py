@@ -1,5 +1,8 @@
 """Which dataset a run uses, getting it onto disk, and the train/valid/test split."""
 import dataclasses
+import fcntl
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -40,6 +43,19 @@ def prepare_dataset(cfg):
                             f"downloaded ({reason}); copy it there, or use --dataset synthetic") from None
         return _synthetic(cfg, reason=reason)
     return dataclasses.replace(cfg, dataset="cifar10")
+
+
+@contextmanager
+def data_lock(cfg):
+    """Serialise dataset preparation between processes that share cfg.data and have no
+    process group yet (torchrun workers): the first prepares, the rest find it done."""
+    os.makedirs(cfg.data, exist_ok=True)
+    with open(os.path.join(cfg.data, ".prepare.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _synthetic(cfg, reason):

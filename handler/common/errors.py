@@ -9,9 +9,13 @@ class UserError(Exception):
 
 @contextmanager
 def one_line_errors(prefix: str = "error"):
-    """Turn UserError (and Ctrl-C) into one line on stderr and a non-zero exit."""
+    """Turn UserError (and Ctrl-C) into one line on stderr and a non-zero exit; a graceful
+    stop exits with 128 + signal, as a killed process would."""
+    from .stopping import StopRequested
     try:
         yield
+    except StopRequested as stop:  # the stop message and checkpoint are already out
+        sys.exit(stop.exit_code)
     except UserError as err:
         print(f"{prefix}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -39,17 +39,29 @@ def _micro_batches(images, labels, k):
     return list(zip(images.chunk(k), labels.chunk(k)))
 
 
-def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar) -> dict:
-    """Train one epoch; returns global sums (all ranks) and this rank's timings."""
+def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, stop,
+                start_step: int = 0) -> dict:
+    """Train one epoch; returns global sums (all ranks) and this rank's timings.
+
+    `start_step` > 0 resumes mid-epoch: the loader replays the steps already done
+    (same order, same augmentation draws) without training on them. `stopped_at` is
+    the step index where an agreed stop request ended the epoch, else None.
+    """
     step.model.train()
     loader.set_epoch(epoch)
     totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
-    wait = 0.0
+    wait, stopped_at = 0.0, None
+    batches = iter(loader)
+    for _ in range(start_step):
+        next(batches)
+    bar.update(start_step)
     sync(device)
     start = time.perf_counter()
     with nvtx_range(f"epoch {epoch}"):
-        batches = iter(loader)
-        for i in range(len(loader)):
+        for i in range(start_step, len(loader)):
+            if stop.should_stop():
+                stopped_at = i
+                break
             with nvtx_range(f"batch {i}"):
                 t = time.perf_counter()
                 images, labels = next(batches)
@@ -61,7 +73,7 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar) -> di
     sync(device)
     elapsed = time.perf_counter() - start
     dist.all_reduce_sum(totals)
-    return {"time_s": elapsed, "data_wait_s": wait, **_summarise(totals)}
+    return {"time_s": elapsed, "data_wait_s": wait, "stopped_at": stopped_at, **_summarise(totals)}
 
 
 def _optimise(step: Step, images, labels) -> torch.Tensor:

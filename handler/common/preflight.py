@@ -43,12 +43,10 @@ def preflight(cfg, *, spawning: bool):
     if cfg.mode == "ddp_dali":
         from ..DALI.cifar10_loader import require_dali
         require_dali()
+    ckpt = None
     if cfg.resume is not None:
-        from .trainer import resume_path
-        saved = load_checkpoint(resume_path(cfg), "cpu").get("config", {})
-        if saved.get("model") != cfg.model:
-            raise UserError(f"{resume_path(cfg)} holds a {saved.get('model')} but --model is "
-                            f"{cfg.model}; pass --model {saved.get('model')} or another checkpoint")
+        from .trainer import check_compatible, resume_path
+        ckpt = load_checkpoint(resume_path(cfg), "cpu")
     if not spawning:
         return cfg
     if cfg.mode != "dp":
@@ -57,5 +55,7 @@ def preflight(cfg, *, spawning: bool):
         else:
             cfg = dataclasses.replace(cfg, port=_free_port(cfg.host))
     cfg = prepare_dataset(cfg)
-    load_splits(cfg)  # reads every batch file: corrupt data fails here, named, before spawning
+    splits = load_splits(cfg)  # reads every batch file: corrupt data fails here, named, before spawning
+    if ckpt is not None:
+        check_compatible(ckpt, cfg, len(splits.classes), resume_path(cfg))
     return cfg

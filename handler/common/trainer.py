@@ -19,6 +19,7 @@ from .errors import UserError
 from .loop import Step, evaluate, train_epoch
 from .metrics import MetricsFile, environment
 from .nvtx import nvtx_mark, nvtx_range
+from .stopping import StopFlag, StopRequested
 
 WARMUP_EPOCHS = 1
 
@@ -61,50 +62,67 @@ def fit(cfg, *, wrap, make_loaders, notes=()) -> dict:
     optimizer = torch.optim.SGD(raw.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 nesterov=True, weight_decay=cfg.weight_decay)
     loaders = make_loaders(cfg, splits)
+    if len(loaders.train) == 0:
+        raise UserError(f"{len(splits.train[1])} training images give no full batch of {cfg.local_batch} "
+                        "per process; use a smaller --batch-size or more data")
     scheduler = warmup_cosine(optimizer, len(loaders.train), cfg.epochs)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
 
-    start_epoch, best_acc, history = 0, -1.0, []
+    start_epoch, start_step, best_acc, history = 0, 0, -1.0, []
     if cfg.resume is not None:
         ckpt = load_checkpoint(resume_path(cfg), device)
-        _check_compatible(ckpt, cfg, len(splits.classes))
+        check_compatible(ckpt, cfg, len(splits.classes), resume_path(cfg))
         raw.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
         set_rng_state(ckpt["rng"])
-        start_epoch, best_acc, history = ckpt["epoch"], ckpt["best_acc"], list(ckpt["history"])
-        rank0.say(cfg, f"resumed from {resume_path(cfg)} after epoch {start_epoch}")
+        start_epoch, start_step = ckpt["epoch"], ckpt["step"]
+        best_acc, history = ckpt["best_acc"], list(ckpt["history"])
+        rank0.say(cfg, f"resumed from {resume_path(cfg)} at epoch {start_epoch + 1}, step {start_step}")
 
     step = Step(model=wrap(raw), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
                 channels_last=cfg.channels_last)
     evaluate_on = partial(evaluate, raw, device=device, autocast=step.autocast, channels_last=cfg.channels_last)
+    save = partial(_save, cfg, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     metrics = MetricsFile(cfg, environment(cfg, notes), history) if cfg.is_main else None
     rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
                    f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}")
 
-    last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
-    for epoch in range(start_epoch, last_epoch):
-        torch.manual_seed(epoch_seed(cfg, epoch))
-        with rank0.progress(cfg, len(loaders.train), f"epoch {epoch + 1}/{cfg.epochs}") as bar:
-            train = train_epoch(step, loaders.train, epoch, device, bar)
-        val = {"loss": None, "acc": None, "samples": 0}
-        if loaders.valid is not None:
-            dist.broadcast_buffers(raw)
-            val = evaluate_on(loaders.valid, "validate")
-        record = {"epoch": epoch, "time_s": train["time_s"], "train_samples": train["samples"],
-                  "train_loss": train["loss"], "train_acc": train["acc"],
-                  "images_per_s": train["samples"] / train["time_s"], "data_wait_s": train["data_wait_s"],
-                  "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
-        history.append(record)
-        improved = val["acc"] is not None and val["acc"] > best_acc
-        best_acc = max(best_acc, val["acc"] or -1.0)
-        if cfg.is_main:
-            metrics.add_epoch(record)
-            _report_epoch(cfg, record)
-            _save(cfg, raw, optimizer, scheduler, scaler, epoch + 1, best_acc, history, improved)
+    stop = StopFlag()
+    try:
+        last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
+        for epoch in range(start_epoch, last_epoch):
+            torch.manual_seed(epoch_seed(cfg, epoch))
+            first_step, start_step = start_step, 0
+            with rank0.progress(cfg, len(loaders.train), f"epoch {epoch + 1}/{cfg.epochs}") as bar:
+                train = train_epoch(step, loaders.train, epoch, device, bar, stop=stop, start_step=first_step)
+            if train["stopped_at"] is not None:
+                save(epochs_done=epoch, step=train["stopped_at"], best_acc=best_acc, history=history)
+                rank0.say(cfg, f"stopped by {stop.agreed_signal().name} at epoch {epoch + 1}, step "
+                               f"{train['stopped_at']}; continue with --resume (checkpoint in {cfg.ckpt})")
+                raise StopRequested(stop.agreed_signal())
+            val = {"loss": None, "acc": None, "samples": 0}
+            if loaders.valid is not None:
+                dist.broadcast_buffers(raw)
+                val = evaluate_on(loaders.valid, "validate")
+            record = {"epoch": epoch, "time_s": train["time_s"], "train_samples": train["samples"],
+                      "train_loss": train["loss"], "train_acc": train["acc"],
+                      "images_per_s": train["samples"] / train["time_s"], "data_wait_s": train["data_wait_s"],
+                      "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
+            if first_step:
+                record["resumed_at_step"] = first_step
+            history.append(record)
+            improved = val["acc"] is not None and val["acc"] > best_acc
+            best_acc = max(best_acc, val["acc"] or -1.0)
+            if cfg.is_main:
+                metrics.add_epoch(record)
+                _report_epoch(cfg, record)
+            save(epochs_done=epoch + 1, step=0, best_acc=best_acc, history=history, improved=improved)
+    finally:
+        stop.close()
 
     dist.broadcast_buffers(raw)
     test = evaluate_on(loaders.test, "test")
@@ -116,14 +134,15 @@ def fit(cfg, *, wrap, make_loaders, notes=()) -> dict:
     return {"test": test, "epochs": history, "total_time_s": total}
 
 
-def _check_compatible(ckpt, cfg, num_classes):
-    saved = ckpt.get("config", {})
-    if saved.get("model") != cfg.model:
-        raise UserError(f"the checkpoint holds a {saved.get('model')} but --model is {cfg.model}; "
-                        f"pass --model {saved.get('model')} or another checkpoint")
+def check_compatible(ckpt: dict, cfg, num_classes: int, path: str) -> None:
+    """Resuming into another model or class count fails in one line; world size may change."""
+    saved = ckpt.get("config", {}).get("model")
+    if saved != cfg.model:
+        raise UserError(f"{path} holds a {saved} but --model is {cfg.model}; "
+                        f"pass --model {saved} or another checkpoint")
     head = [v for k, v in ckpt["model"].items() if k.endswith("head.weight")]
     if head and head[0].shape[0] != num_classes:
-        raise UserError(f"the checkpoint was trained on {head[0].shape[0]} classes but the dataset has "
+        raise UserError(f"{path} was trained on {head[0].shape[0]} classes but the dataset has "
                         f"{num_classes}; use the matching dataset or start without --resume")
 
 
@@ -134,12 +153,14 @@ def _report_epoch(cfg, r):
                    f"{r['images_per_s']:.0f} img/s  data-wait {100 * r['data_wait_s'] / r['time_s']:.1f}%")
 
 
-def _save(cfg, raw, optimizer, scheduler, scaler, epochs_done, best_acc, history, improved):
-    if cfg.save == "none":
+def _save(cfg, *, raw, optimizer, scheduler, scaler, epochs_done, step, best_acc, history, improved=False):
+    """Rank 0 writes last.pt (and best.pt when validation improved); others return."""
+    if cfg.save == "none" or not cfg.is_main:
         return
     with nvtx_range("checkpoint"):
         ckpt = make_checkpoint(model=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                               epoch=epochs_done, best_acc=best_acc, history=history, config=cfg.as_dict())
+                               epoch=epochs_done, step=step, best_acc=best_acc, history=history,
+                               config=cfg.as_dict())
         os.makedirs(cfg.ckpt, exist_ok=True)
         save_atomic(ckpt, os.path.join(cfg.ckpt, "last.pt"))
         if improved:

@@ -1,0 +1,62 @@
+"""Graceful stop: SIGINT/SIGTERM end training at a step boundary every rank agrees on.
+
+A signal only sets a flag. Each step, ranks exchange their flags with an async
+all-reduce on a small gloo group and act on the previous step's result, so every rank
+stops after the same step (a rank stopping alone would hang the others in DDP's
+all-reduce) and the GPU stream is never synchronised for it.
+"""
+import signal
+
+import torch
+import torch.distributed as tdist
+
+from . import dist
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequested(Exception):
+    """Raised after the stop checkpoint is written; the process exits with 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class StopFlag:
+    def __init__(self):
+        self.signum = 0
+        self._group = tdist.new_group(backend="gloo") if dist.active() else None
+        self._pending = None
+        self._buffer = torch.zeros(1)
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
+
+    def _on_signal(self, signum, frame):
+        self.signum = self.signum or signum
+
+    def should_stop(self) -> bool:
+        """Call once per step on every rank; answers the same on every rank."""
+        if self._group is None:
+            return self.signum != 0
+        agreed = False
+        if self._pending is not None:
+            self._pending.wait()
+            agreed = self._buffer.item() > 0
+        self._buffer = torch.tensor([float(self.signum)])
+        self._pending = tdist.all_reduce(self._buffer, group=self._group, async_op=True)
+        return agreed
+
+    def agreed_signal(self) -> signal.Signals:
+        """The signal to report once stopped: ours, or SIGTERM when a peer got it."""
+        return signal.Signals(self.signum or signal.SIGTERM)
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,119 @@
+"""Compare parallel modes and process counts: python -m handler.compare [options] [-- train args]
+
+    python -m handler.compare --modes dp,ddp --counts 1,2 -- --model resnet20 --epochs 2
+    python -m handler.compare --cell ddp --cell "ddp:--amp bf16" --cell "nhwc=ddp:--channels-last"
+
+Runs every variant x count as its own scripts/launch.sh process and writes
+OUT/report.md, OUT/results.json and PNG plots. A failed cell is a row in the report,
+never the end of the matrix; the exit status is 1 when any cell failed. Ctrl-C stops
+the running cell and still writes the report of the finished ones.
+"""
+import argparse
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..common.config import MODES
+from ..common.devices import cuda_status
+from ..common.errors import UserError, one_line_errors
+from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason
+from .plots import write_plots
+from .provenance import provenance
+from .report import pct, status, write_report
+from .results import build_rows, dataset_description, recipe
+from .runner import run_cell, skipped
+
+PROG = "python -m handler.compare"
+
+
+def parse_args(argv):
+    runner_argv, train_argv = _split_at_dashes(argv)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0].split(": ", 1)[1],
+                                epilog="Arguments after -- go to train_cifar.py in every cell.")
+    p.add_argument("--modes", help=f"comma-separated modes, each run with no extra options "
+                                   f"(default: {','.join(MODES)} unless --cell is given)")
+    p.add_argument("--cell", action="append", default=[], metavar="[LABEL=]MODE[:ARGS]",
+                   help="one more variant: a mode with its own train_cifar.py options, e.g. "
+                        "'ddp:--amp bf16' or 'bf16=ddp:--amp bf16'; repeatable")
+    p.add_argument("--counts", help="comma-separated process/GPU counts (default: 1,2,4 capped at the "
+                                    "visible GPUs; 1,2 CPU processes without GPUs)")
+    p.add_argument("--out", type=Path, help="output folder (default: reports/compare-<timestamp>)")
+    p.add_argument("--profile", choices=("auto", "1", "0"), default="auto",
+                   help="run cells under nsys: auto (when nsys is on PATH), 1 (require it) or 0")
+    p.add_argument("--extra", default="", metavar="ARGS", help="train_cifar.py options for every cell, one string")
+    p.add_argument("--timeout", type=float, default=0, metavar="S",
+                   help="stop a cell after S seconds and record it as failed (default: no limit)")
+    args = p.parse_args(runner_argv)
+    args.train_args = [*train_argv, *shlex.split(args.extra)]
+    check_args(args.train_args, "the train arguments")
+    return args
+
+
+def _split_at_dashes(argv):
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def use_nsys(choice: str) -> bool:
+    found = shutil.which("nsys") is not None
+    if choice == "1" and not found:
+        raise UserError("--profile 1 but nsys is not on PATH; install it with scripts/install_nsys.sh "
+                        "or use --profile 0")
+    return found if choice == "auto" else choice == "1"
+
+
+def one_line(row) -> str:
+    if row.status != "ok":
+        return f"{row.name}: {status(row)}: {row.error}"
+    speed = f"  {row.speedup:.2f}x of {row.ideal:g}x ideal" if row.speedup is not None and row.ideal != 1 else ""
+    return (f"{row.name}: {row.epoch_s:.2f} s/epoch  {row.images_per_s:.0f} img/s  "
+            f"data wait {pct(row.data_wait_share)}{speed}")
+
+
+def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list) -> None:
+    """Run the cells in order, appending to outcomes (kept when Ctrl-C stops the matrix)."""
+    bar = tqdm(cells, unit="cell", dynamic_ncols=True, file=sys.stdout, disable=None)  # no bar off a terminal
+    for cell in bar:
+        bar.set_postfix_str(cell.name)
+        reason = skip_reason(cell, gpus)
+        outcome = skipped(cell, reason) if reason else run_cell(
+            cell, out, profile=profile, train_args=args.train_args, timeout_s=args.timeout)
+        outcomes.append(outcome)
+        bar.write(one_line(build_rows(outcomes)[-1]))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    gpus = cuda_status()[0]
+    variants = build_variants(args.modes, args.cell, MODES)
+    counts = parse_counts(args.counts) if args.counts else default_counts(gpus)
+    cells = matrix(variants, counts)
+    profile = use_nsys(args.profile)
+    out = args.out or Path("reports") / time.strftime("compare-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{len(cells)} cells ({len(variants)} variants x counts {','.join(map(str, counts))}), "
+          f"{'profiled with nsys' if profile else 'not profiled'}, output in {out}", flush=True)
+    prov = provenance(" ".join([PROG, *map(shlex.quote, argv)]))
+    outcomes, interrupted = [], False
+    try:
+        run_matrix(cells, out.resolve(), profile, args, gpus, outcomes)
+    except KeyboardInterrupt:
+        interrupted = True
+    rows = build_rows(outcomes)
+    report = write_report(out, rows, write_plots(rows, out), prov, recipe(outcomes),
+                          dataset_description(outcomes), profile)
+    failed = sum(r.status == "failed" for r in rows)
+    print(f"report: {report}  ({len(rows)} cells, {failed} failed{', interrupted' if interrupted else ''})")
+    return 130 if interrupted else 1 if failed else 0
+
+
+if __name__ == "__main__":
+    with one_line_errors("compare"):
+        sys.exit(main())

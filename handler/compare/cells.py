@@ -1,0 +1,104 @@
+"""What a comparison runs: variants (a mode plus its options) crossed with process counts.
+
+A variant is written `MODE`, `MODE:ARGS` or `LABEL=MODE:ARGS`, e.g. `ddp:--amp bf16`
+or `fast=ddp:--amp bf16 --channels-last`; ARGS go to train_cifar.py for that variant only.
+"""
+import re
+import shlex
+from dataclasses import dataclass
+
+from ..common.errors import UserError
+
+# The runner sets these per cell; a user's copy would silently break the matrix.
+RESERVED = ("--mode", "--num_gpu", "--num-gpu", "--metrics")
+DEFAULT_COUNTS = (1, 2, 4)
+CPU_COUNTS = (1, 2)
+DP_CPU_SKIP = "dp needs GPUs to split work; on CPU it is one process whatever the count"
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    mode: str
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class Cell:
+    variant: Variant
+    count: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.label} x{self.count}"
+
+    @property
+    def slug(self) -> str:
+        """The cell's folder and file stem: the name with only filename-safe characters."""
+        return re.sub(r"[^A-Za-z0-9.+]+", "-", f"{self.variant.label} n{self.count}").strip("-")
+
+
+def parse_variant(spec: str, modes) -> Variant:
+    head, _, rest = spec.partition(":")
+    label, _, mode = head.rpartition("=")
+    mode, label = mode.strip(), label.strip()
+    if mode not in modes:
+        raise UserError(f"--cell {spec!r}: {mode!r} is not a mode; write MODE, MODE:ARGS or "
+                        f"LABEL=MODE:ARGS with MODE one of {', '.join(modes)}")
+    args = tuple(shlex.split(rest))
+    check_args(args, f"--cell {spec!r}")
+    return Variant(label or " ".join((mode, *args)), mode, args)
+
+
+def check_args(args, where: str) -> None:
+    for arg in args:
+        if arg.split("=")[0] in RESERVED:
+            raise UserError(f"{where} sets {arg.split('=')[0]}, which the runner sets for every cell; "
+                            "use --modes/--cell for modes and --counts for process counts")
+
+
+def parse_counts(text: str) -> tuple:
+    try:
+        counts = tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise UserError(f"--counts {text!r} is not a list of positive integers; write e.g. --counts 1,2,4")
+    return tuple(sorted(set(counts)))
+
+
+def default_counts(gpus: int) -> tuple:
+    """{1, 2, 4} capped at the visible GPUs; {1, 2} CPU processes without GPUs."""
+    if not gpus:
+        return CPU_COUNTS
+    return tuple(sorted({min(c, gpus) for c in DEFAULT_COUNTS}))
+
+
+def build_variants(modes_text, cell_specs, all_modes) -> list:
+    """--modes adds plain variants, each --cell one more; with neither, every mode runs plain."""
+    variants = []
+    if modes_text is not None:
+        for mode in (m.strip() for m in modes_text.split(",") if m.strip()):
+            variants.append(parse_variant(mode, all_modes))
+    variants += [parse_variant(spec, all_modes) for spec in cell_specs]
+    if modes_text is None and not cell_specs:
+        variants = [Variant(mode, mode) for mode in all_modes]
+    labels = [v.label for v in variants]
+    for label in labels:
+        if labels.count(label) > 1:
+            raise UserError(f"two variants are both labelled {label!r}; drop the duplicate or "
+                            "name one with --cell 'LABEL=MODE:ARGS'")
+    if not variants:
+        raise UserError("nothing to run: --modes is empty; name at least one mode or --cell")
+    return variants
+
+
+def matrix(variants, counts) -> list:
+    return [Cell(v, n) for v in variants for n in counts]
+
+
+def skip_reason(cell: Cell, gpus: int) -> str:
+    """Why a cell would only repeat another one, or "" when it is worth running."""
+    if cell.variant.mode == "dp" and not gpus and cell.count > 1:
+        return DP_CPU_SKIP
+    return ""

@@ -1,0 +1,110 @@
+"""The comparison's figures, as PNG files (matplotlib, headless Agg backend)."""
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .results import SHARES  # noqa: E402
+
+DPI = 110
+PHASE_COLOURS = {"data": "#d62728", "h2d": "#ff7f0e", "forward": "#1f77b4", "backward": "#2ca02c",
+                 "optimizer": "#9467bd", "other": "#c7c7c7"}
+
+
+def write_plots(rows, out: Path) -> dict:
+    """Every figure; returns {title: file name}."""
+    figures = {
+        "Epoch time": ("epoch_time.png", lambda ax: _grouped_bars(ax, rows, "epoch_s", "epoch time (s)")),
+        "Images per second": ("images_per_s.png", lambda ax: _grouped_bars(ax, rows, "images_per_s", "images/s")),
+    }
+    written = {}
+    for title, (name, draw) in figures.items():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        draw(ax)
+        ax.set_title(title)
+        _save(fig, out / name)
+        written[title] = name
+    _save(_scaling(rows), out / "scaling.png")
+    written["Speed-up and scaling efficiency"] = "scaling.png"
+    _save(_phases(rows), out / "phases.png")
+    written["Where batch time goes"] = "phases.png"
+    return written
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def _grouped_bars(ax, rows, key: str, ylabel: str) -> None:
+    """One group per process count, one bar per variant; a failed or skipped cell is named, not drawn."""
+    labels = list(dict.fromkeys(r.label for r in rows))
+    counts = sorted({r.count for r in rows})
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        for j, count in enumerate(counts):
+            row = next((r for r in rows if r.label == label and r.count == count), None)
+            x = j + (i - (len(labels) - 1) / 2) * width
+            value = getattr(row, key) if row else None
+            if value is not None:
+                ax.bar(x, value, width, color=f"C{i}", label=label)
+            elif row is not None:
+                ax.text(x, 0, row.status, rotation=90, ha="center", va="bottom", fontsize=8,
+                        color="red" if row.status == "failed" else "grey")
+    handles, names = ax.get_legend_handles_labels()
+    unique = dict(zip(names, handles))  # one entry per variant, not per bar
+    ax.legend(unique.values(), unique.keys(), fontsize=8)
+    ax.set_xticks(range(len(counts)), [str(c) for c in counts])
+    ax.set_xlabel("processes / GPUs")
+    ax.set_ylabel(ylabel)
+
+
+def _scaling(rows):
+    fig, (speed, eff) = plt.subplots(1, 2, figsize=(10, 4))
+    labels = list(dict.fromkeys(r.label for r in rows))
+    ideal = sorted({(r.count, r.ideal) for r in rows if r.ideal})
+    if ideal:
+        speed.plot(*zip(*ideal), "k--", label="ideal")
+    eff.axhline(100, color="k", linestyle="--", label="ideal")
+    for i, label in enumerate(labels):
+        done = sorted((r for r in rows if r.label == label and r.speedup), key=lambda r: r.count)
+        if done:
+            xs = [r.count for r in done]
+            speed.plot(xs, [r.speedup for r in done], "o-", color=f"C{i}", label=label)
+            eff.plot(xs, [100 * r.efficiency for r in done], "o-", color=f"C{i}", label=label)
+    counts = sorted({r.count for r in rows})
+    for ax, title, ylabel in ((speed, "Speed-up", "speed-up (x)"), (eff, "Scaling efficiency", "efficiency (%)")):
+        ax.set_title(title)
+        ax.set_xlabel("processes / GPUs")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(counts)
+        ax.legend(fontsize=8)
+    eff.set_ylim(bottom=0)
+    return fig
+
+
+def _phases(rows):
+    """Stacked shares of training time per cell, from nsys or the loop's own timers."""
+    profiled = [r for r in rows if r.phases]
+    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.45 * max(len(profiled), 3)))
+    sources = sorted({r.phase_source for r in profiled})
+    ax.set_title(f"Where training time goes ({' and '.join(sources) or 'no profile'})")
+    if not profiled:
+        ax.text(0.5, 0.5, "no profile available\n(run with nsys installed, --profile auto or 1)",
+                ha="center", va="center", fontsize=12, transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    names = [r.name if r.phase_source == "nsys" else f"{r.name} (timers)" for r in profiled]
+    left = [0.0] * len(profiled)
+    for phase in SHARES:
+        widths = [100 * r.phases[phase] for r in profiled]
+        ax.barh(names, widths, left=left, color=PHASE_COLOURS[phase], label=phase)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of training time (%)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return fig

@@ -1,0 +1,127 @@
+"""The numbers a comparison reports, derived from each cell's metrics and profile summary.
+
+Epoch time and images/s are medians over the epochs after the first (the first pays
+for start-up: allocator growth, worker start, DALI prefetch), or the only epoch when
+there is one. Speed-up is against the same variant's smallest count that finished.
+"""
+import dataclasses
+from dataclasses import dataclass
+from statistics import median
+from typing import Optional
+
+from ..profiling.analysis import PHASES
+
+SHARES = (*PHASES, "other")
+
+
+@dataclass
+class Row:
+    name: str
+    label: str
+    mode: str
+    count: int
+    options: str
+    status: str
+    exit_code: Optional[int]
+    error: str
+    folder: str
+    command: str
+    epochs_timed: int = 0
+    epoch_s: Optional[float] = None
+    images_per_s: Optional[float] = None
+    data_wait_share: Optional[float] = None
+    test_acc: Optional[float] = None
+    speedup: Optional[float] = None
+    ideal: Optional[float] = None
+    efficiency: Optional[float] = None
+    phases: Optional[dict] = None  # share of training time per phase
+    phase_source: str = ""  # "nsys", or "loop timers" from the metrics' epochs[].phase_s
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def build_rows(outcomes) -> list:
+    rows = [_row(o) for o in outcomes]
+    _add_speedups(rows)
+    return rows
+
+
+def _row(outcome) -> Row:
+    cell = outcome.cell
+    row = Row(name=cell.name, label=cell.variant.label, mode=cell.variant.mode, count=cell.count,
+              options=" ".join(cell.variant.args), status=outcome.status, exit_code=outcome.exit_code,
+              error=outcome.error, folder=outcome.folder, command=outcome.command)
+    if outcome.status != "ok":
+        return row
+    epochs = outcome.metrics["epochs"]
+    steady = epochs[1:] or epochs
+    row.epochs_timed = len(steady)
+    row.epoch_s = median(e["time_s"] for e in steady)
+    row.images_per_s = median(e["images_per_s"] for e in steady)
+    row.data_wait_share = sum(e["data_wait_s"] for e in steady) / sum(e["time_s"] for e in steady)
+    row.test_acc = (outcome.metrics.get("test") or {}).get("acc")
+    row.phases = nsys_shares(outcome.profile)
+    row.phase_source = "nsys" if row.phases else ""
+    if row.phases is None and all("phase_s" in e for e in steady):
+        row.phases, row.phase_source = timer_shares(steady), "loop timers"
+    return row
+
+
+def nsys_shares(summary: Optional[dict]) -> Optional[dict]:
+    """Shares of batch time per phase, pooled over ranks, from the nsys NVTX ranges."""
+    if not summary:
+        return None
+    return _with_other({p: summary["overall"]["phase_shares"].get(p) or 0.0 for p in PHASES})
+
+
+def timer_shares(epochs) -> Optional[dict]:
+    """Shares of epoch time per phase from the loop's own timers (epochs[].phase_s)."""
+    total = sum(e["time_s"] for e in epochs)
+    return _with_other({p: sum(e["phase_s"].get(p, 0.0) for e in epochs) / total for p in PHASES})
+
+
+def _with_other(shares: dict) -> Optional[dict]:
+    """What no phase covers is `other`; all zero means no phase was recorded."""
+    if not any(shares.values()):
+        return None
+    return {**shares, "other": max(0.0, 1.0 - sum(shares.values()))}
+
+
+def _add_speedups(rows) -> None:
+    for label in {r.label for r in rows}:
+        done = sorted((r for r in rows if r.label == label and r.epoch_s), key=lambda r: r.count)
+        if not done:
+            continue
+        base = done[0]
+        for r in done:
+            r.speedup = base.epoch_s / r.epoch_s
+            r.ideal = r.count / base.count
+            r.efficiency = r.speedup / r.ideal
+
+
+def dataset_description(outcomes) -> str:
+    """What the finished cells trained on, from their metrics (env.dataset and config)."""
+    seen = []
+    for o in outcomes:
+        if not o.metrics:
+            continue
+        env, cfg = o.metrics.get("env", {}), o.metrics.get("config", {})
+        name = env.get("dataset") or cfg.get("dataset") or "unknown"
+        if name == "synthetic":
+            name = (f"synthetic (generated, {cfg.get('synthetic_train')} train / "
+                    f"{cfg.get('synthetic_test')} test images; NOT CIFAR-10)")
+        elif name == "cifar10":
+            name = "cifar10 (real CIFAR-10)"
+        if name not in seen:
+            seen.append(name)
+    return "; ".join(seen) or "unknown (no cell wrote metrics)"
+
+
+def recipe(outcomes) -> dict:
+    """model, epochs, global batch, ... of the first cell that wrote metrics."""
+    for o in outcomes:
+        if o.metrics:
+            cfg = o.metrics.get("config", {})
+            return {k: cfg.get(k) for k in ("model", "epochs", "batch_size", "workers", "valid_size")}
+    return {}

@@ -1,0 +1,120 @@
+"""Running one cell: scripts/launch.sh in its own process group, with its own folder.
+
+Every cell goes through launch.sh, profiled (PROFILE=1) or not (PROFILE=0), so a
+profiled matrix and a plain one train with exactly the same command line.
+"""
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .cells import Cell
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH = REPO / "scripts" / "launch.sh"
+# stderr lines that report progress or notes, not failure.
+NOISE = ("note:", "launch:", "Generating '", "Generated:", "[1/1]")
+WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
+
+
+@dataclass
+class Outcome:
+    cell: Cell
+    status: str  # "ok", "failed" or "skipped"
+    exit_code: Optional[int] = None
+    error: str = ""
+    metrics: Optional[dict] = None
+    profile: Optional[dict] = None  # handler.profiling.report's summary JSON
+    folder: str = ""
+    command: str = ""
+    wall_s: float = 0.0
+
+
+def cell_environment(cell: Cell, folder: Path, profile: bool) -> dict:
+    return {"MODE": cell.variant.mode, "NUM_GPUS": str(cell.count), "PROFILE": "1" if profile else "0",
+            "NSIGHT_LOG_DIR": str(folder), "NSIGHT_FILE_NAME": cell.slug, "CKPT_DIR": str(folder / "ckpt"),
+            "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+
+
+def cell_command(cell: Cell, train_args) -> list:
+    # --no-progress first, so a cell's log is lines, not progress-bar redraws.
+    return ["bash", str(LAUNCH), "--no-progress", *train_args, *cell.variant.args]
+
+
+def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args) -> str:
+    env = cell_environment(cell, folder, profile)
+    shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("MODE", "NUM_GPUS", "PROFILE"))
+    args = shlex.join(["scripts/launch.sh", "--no-progress", *train_args, *cell.variant.args])
+    return f"{shown} {args}"
+
+
+def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: float = 0) -> Outcome:
+    """Train one cell; any failure becomes the Outcome's status, never an exception
+    (except Ctrl-C, which stops the cell and goes on up)."""
+    folder = out / "cells" / cell.slug
+    folder.mkdir(parents=True, exist_ok=True)
+    outcome = Outcome(cell, "failed", folder=str(folder.relative_to(out)),
+                      command=reproduce_line(cell, folder, profile, train_args))
+    started = time.perf_counter()
+    with open(folder / "stdout.log", "w") as stdout, open(folder / "stderr.log", "w") as stderr:
+        # Its own session: a timeout or Ctrl-C can then stop the ranks and nsys too.
+        proc = subprocess.Popen(cell_command(cell, train_args), cwd=os.getcwd(), stdout=stdout, stderr=stderr,
+                                env={**os.environ, **cell_environment(cell, folder, profile)},
+                                start_new_session=True)
+        try:
+            outcome.exit_code = proc.wait(timeout=timeout_s or None)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            outcome.exit_code, outcome.error = proc.returncode, f"timed out after {timeout_s:g} s (--timeout)"
+        except KeyboardInterrupt:
+            _stop(proc)
+            raise
+    outcome.wall_s = time.perf_counter() - started
+    outcome.metrics = _read_json(folder / f"{cell.slug}.metrics.json")
+    outcome.profile = _read_json(folder / f"{cell.slug}.summary.json") if profile else None
+    if outcome.exit_code == 0 and outcome.metrics and outcome.metrics.get("epochs"):
+        outcome.status = "ok"
+    elif not outcome.error:
+        outcome.error = last_error_line((folder / "stderr.log").read_text(errors="replace")) \
+            or ("no metrics were written" if outcome.exit_code == 0 else "no error message")
+    return outcome
+
+
+def skipped(cell: Cell, reason: str) -> Outcome:
+    return Outcome(cell, "skipped", error=reason)
+
+
+def last_error_line(text: str) -> str:
+    """The last stderr line that is not progress or a note: usually the one-line error,
+    or the exception line that ends a traceback."""
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines()]
+    lines = [line for line in lines if line and not line.startswith(NOISE) and not WARNING.match(line)]
+    return lines[-1][:300] if lines else ""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the cell's process group, then SIGKILL what is left after 10 s."""
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

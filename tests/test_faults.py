@@ -1,0 +1,258 @@
+"""Failure behaviour: rank death, graceful stop, elastic restart, safe checkpoints.
+
+Each test runs real training processes and kills or signals them; none takes more
+than a minute on 2 cores.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from handler.common.checkpoint import load_checkpoint
+from tests.conftest import ROOT, SMALL, error_lines, read_metrics, run_cli
+
+# ~2-3 s per epoch on 2 cores: long enough to hit mid-epoch, short enough to finish.
+LONG = ["--batch-size", 32, "--valid-size", 100, "--lr", 0.05, *SMALL]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args, tmp_path, cmd=None, env=None):
+    command = [*(cmd or [sys.executable]), *([] if cmd else [str(ROOT / "train_cifar.py")]), *map(str, args)]
+    log = open(tmp_path / "log.txt", "w+")
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc.log = log
+    return proc
+
+
+
+def output(proc):
+    proc.log.seek(0)
+    return proc.log.read()
+
+
+def wait_for_file(path, proc, timeout=90):
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None, f"training ended early:\n{output(proc)[-3000:]}"
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def descendants(pid):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+            except (OSError, IndexError):
+                pass
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def none_alive(pids, grace=10):
+    """True once every pid has exited (helpers like the resource tracker need a moment)."""
+    deadline = time.time() + grace
+    while any(alive(p) for p in pids):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def finish(proc, timeout=60):
+    start_t = time.time()
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return time.time() - start_t
+
+
+@pytest.fixture
+def killer_cleanup():
+    procs = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.log.close()
+
+
+def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_path, killer_cleanup):
+    proc = start(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", tmp_path,
+                  "--epochs", 30, *LONG], tmp_path)
+    killer_cleanup.append(proc)
+    wait_for_file(tmp_path / "last.pt", proc)
+    ranks = sorted(p for p in descendants(proc.pid) if "spawn_main" in cmdline(p))
+    family = descendants(proc.pid)
+    assert len(ranks) == 2
+    os.kill(ranks[1], signal.SIGKILL)
+    took = finish(proc)
+    assert took < 60 and proc.returncode != 0
+    assert "rank 1 was killed by SIGKILL" in output(proc)
+    assert none_alive(family), "orphaned processes left behind"
+    assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
+
+
+def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, killer_cleanup):
+    proc = start(["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+                  ROOT / "train_cifar.py", "--mode", "ddp", "--data", data_root, "--ckpt", tmp_path,
+                  "--epochs", 30, *LONG], tmp_path, cmd=TORCHRUN)
+    killer_cleanup.append(proc)
+    wait_for_file(tmp_path / "last.pt", proc)
+    workers = sorted(p for p in descendants(proc.pid) if "train_cifar.py" in cmdline(p))
+    family = descendants(proc.pid)
+    os.kill(workers[-1], signal.SIGKILL)
+    took = finish(proc)
+    assert took < 60 and proc.returncode != 0
+    assert "SIGKILL" in output(proc) or "-9" in output(proc)
+    assert none_alive(family), "orphaned processes left behind"
+    load_checkpoint(str(tmp_path / "last.pt"), "cpu")
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "Ctrl-C to the process group"])
+def test_signal_stops_all_ranks_at_a_step_with_a_checkpoint(how, data_root, tmp_path, killer_cleanup):
+    args = ["--mode", "ddp", "--data", data_root, "--ckpt", tmp_path, "--epochs", 3, *LONG]
+    proc = start([*args, "--num_gpu", 2], tmp_path)
+    killer_cleanup.append(proc)
+    wait_for_file(tmp_path / "last.pt", proc)
+    time.sleep(0.5)  # into epoch 2
+    if how.startswith("SIGTERM"):
+        os.kill(proc.pid, signal.SIGTERM)
+        expected = 128 + signal.SIGTERM
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+        expected = 128 + signal.SIGINT
+    assert finish(proc) < 60
+    assert proc.returncode == expected, output(proc)[-3000:]
+    assert "continue with --resume" in output(proc)
+    ckpt = load_checkpoint(str(tmp_path / "last.pt"), "cpu")
+    assert ckpt["epoch"] == 1 and ckpt["history"][0]["epoch"] == 0
+    if how.startswith("SIGTERM"):
+        # The stopped 2-rank run continues mid-epoch with another world size.
+        resumed = run_cli([*args, "--num_gpu", 1, "--resume"])
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        m = read_metrics(tmp_path / "metrics.json")
+        assert m["env"]["world_size"] == 1
+        assert [e["epoch"] for e in m["epochs"]] == [0, 1, 2]
+        assert m["epochs"][1].get("resumed_at_step", 0) == ckpt["step"]
+
+
+def test_elastic_restart_resumes_from_the_last_checkpoint_and_completes(data_root, tmp_path, killer_cleanup):
+    # Elastic jobs rendezvous through c10d: each restart round gets fresh keys.
+    proc = start(["--nproc_per_node=2", "--max-restarts=1", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=elastic-test",
+                  ROOT / "train_cifar.py", "--mode", "ddp", "--data", data_root, "--ckpt", tmp_path,
+                  "--epochs", 3, *LONG], tmp_path, cmd=TORCHRUN,
+                 env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})  # pytorch#135712, see README
+    killer_cleanup.append(proc)
+    wait_for_file(tmp_path / "last.pt", proc)
+    workers = sorted(p for p in descendants(proc.pid) if "train_cifar.py" in cmdline(p))
+    os.kill(workers[-1], signal.SIGKILL)
+    finish(proc, timeout=120)
+    assert proc.returncode == 0, output(proc)[-3000:]
+    assert "elastic restart 1: resuming from" in output(proc)
+    m = read_metrics(tmp_path / "metrics.json")
+    assert [e["epoch"] for e in m["epochs"]] == [0, 1, 2]
+
+
+KILL_DURING_SAVE = """
+import sys, torch
+from handler.common.checkpoint import save_atomic
+blob = {"format": 1, "model": {"w": torch.randn(4_000_000)}}
+while True:
+    save_atomic(blob, sys.argv[1])
+"""
+
+
+def test_a_kill_during_a_save_never_leaves_a_corrupt_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    for delay in (0.3, 0.45, 0.6, 0.75, 0.9):
+        writer = subprocess.Popen([sys.executable, "-c", KILL_DURING_SAVE, str(path)], cwd=ROOT)
+        deadline = time.time() + 30
+        while not path.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(delay)
+        writer.kill()
+        writer.wait()
+        assert load_checkpoint(str(path), "cpu")["model"]["w"].shape == (4_000_000,)
+
+
+@pytest.fixture(scope="module")
+def trained_ckpt(data_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt")
+    proc = run_cli(["--mode", "dp", "--data", data_root, "--ckpt", out, "--epochs", 1,
+                    "--batch-size", 64, "--valid-size", 0, *SMALL])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out / "last.pt"
+
+
+def three_class_dataset(root):
+    import numpy as np
+    from handler.common.cifar_files import write_cifar
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (60, 32, 32, 3), dtype=np.uint8)
+    write_cifar(str(root), x, np.arange(60) % 3, x[:9], np.arange(9) % 3, ["a", "b", "c"])
+    return root
+
+
+@pytest.mark.parametrize("change,expected", [
+    (["--model", "resnet18"], "holds a resnet20 but --model is resnet18"),
+    (["--dataset", "cifar10", "--data", "THREE"], "was trained on 10 classes but the dataset has 3"),
+])
+def test_resume_into_another_model_or_class_count_fails_in_one_line_and_keeps_the_checkpoint(
+        change, expected, trained_ckpt, data_root, tmp_path):
+    before = trained_ckpt.read_bytes()
+    three = three_class_dataset(tmp_path / "three")
+    args = ["--mode", "ddp", "--data", data_root, "--ckpt", tmp_path / "new", "--resume", trained_ckpt,
+            "--batch-size", 32, "--valid-size", 0, *SMALL, *[str(three) if a == "THREE" else a for a in change]]
+    proc = run_cli(args)
+    assert proc.returncode != 0
+    lines = error_lines(proc)
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert trained_ckpt.read_bytes() == before
+
+
+def test_a_run_failing_at_start_up_never_touches_an_existing_checkpoint(trained_ckpt, data_root):
+    before = trained_ckpt.read_bytes()
+    proc = run_cli(["--mode", "ddp", "--data", data_root, "--ckpt", trained_ckpt.parent,
+                    "--valid-size", 99999, *SMALL])
+    assert proc.returncode != 0 and len(error_lines(proc)) == 1
+    assert trained_ckpt.read_bytes() == before
+    assert torch.load(trained_ckpt, weights_only=True)["epoch"] == 1
