@@ -1,4 +1,6 @@
 """Every bad input gets one line naming the problem and the fix, and a non-zero exit."""
+import sys
+
 import pytest
 
 import train_cifar
@@ -49,7 +51,7 @@ def test_unwritable_ckpt_dir_is_caught_before_training(tmp_path, capsys):
 def test_unwritable_metrics_dir_is_caught_before_training(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    line = fails_with_one_line(["--metrics", blocker / "m.json", "--ckpt", tmp_path, *SMALL], capsys)
+    line = fails_with_one_line(["--metrics", blocker / "m.json", "--ckpt", tmp_path, "--data", tmp_path, *SMALL], capsys)
     assert "--metrics" in line
 
 
@@ -66,11 +68,11 @@ def test_missing_data_in_offline_cifar10_mode(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("content", [None, b"garbage"])
-def test_resume_from_missing_or_non_checkpoint_file(tmp_path, capsys, content):
+def test_resume_from_missing_or_non_checkpoint_file(data_root, tmp_path, capsys, content):
     path = tmp_path / "x.pt"
     if content is not None:
         path.write_bytes(content)
-    line = fails_with_one_line(["--resume", path, "--ckpt", tmp_path, *SMALL], capsys)
+    line = fails_with_one_line(["--resume", path, "--ckpt", tmp_path, "--data", data_root, *SMALL], capsys)
     assert str(path) in line
 
 
@@ -90,3 +92,9 @@ def test_real_process_exits_nonzero_with_one_line(tmp_path):
     assert proc.returncode == 2
     lines = error_lines(proc)
     assert len(lines) == 1 and "invalid choice" in lines[0]
+
+
+def test_ddp_dali_without_dali_installed_says_how_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import nvidia.dali now fails
+    line = fails_with_one_line(["--mode", "ddp_dali", "--ckpt", tmp_path, *SMALL], capsys)
+    assert "needs NVIDIA DALI: pip install nvidia-dali-cuda120==2.4.0" in line

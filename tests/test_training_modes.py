@@ -17,7 +17,7 @@ def train_two_epochs(mode, procs, data_root, tmp_path):
     return proc, read_metrics(out / "metrics.json")
 
 
-@pytest.mark.parametrize("mode,procs", [("dp", 1), ("ddp", 2)])
+@pytest.mark.parametrize("mode,procs", [("dp", 1), ("ddp", 2), ("ddp_dali", 2)])
 def test_mode_trains_two_epochs_writes_metrics_and_learns(mode, procs, data_root, tmp_path):
     proc, m = train_two_epochs(mode, procs, data_root, tmp_path)
     assert m["schema"] == 1

@@ -37,7 +37,7 @@ def get_DALI_loader(cfg, splits, source=None) -> Loaders:
     require_dali()
     from .pipeline import CifarPipeline, DALILoader, shard_size
 
-    fmt = resolve_source(source)
+    fmt = resolve_source(source or cfg.dali_source)
 
     decode = fmt == "jpeg"
 

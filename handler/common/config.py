@@ -46,6 +46,7 @@ class Config:
     amp: str = "off"
     channels_last: bool = False
     accum_steps: int = 1
+    dali_source: str = ""  # "" = $HARNESS_DALI_SOURCE or the measured default
     # Filled per process by the mode's setup.
     use_cuda: bool = False
     world_size: int = 1
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--channels-last", action="store_true", help="NHWC memory format")
     p.add_argument("--accum-steps", type=int, default=d.accum_steps,
                    help="split each batch into K micro-batches (gradient accumulation)")
+    p.add_argument("--dali-source", choices=("raw", "jpeg"), default=None,
+                   help="ddp_dali input: raw uint8 arrays (default, fastest measured) or JPEG "
+                        "files decoded by DALI (on the GPU with device=mixed)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (logs stay one line per epoch)")
     return p

@@ -1,0 +1,256 @@
+"""The DALI data path (--mode ddp_dali) on CPU: sharding, exact evaluation,
+augmentation semantics, label alignment and the derived-file cache.
+
+Ranks are simulated in one process: one pipeline per rank, no process group.
+Images carry their identity in their pixels so every sample can be traced.
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)")
+
+from handler.common.augment import MEAN, STD, eval_transform  # noqa: E402
+from handler.common.config import Config  # noqa: E402
+from handler.common.dataset import Splits  # noqa: E402
+from handler.common.devices import cuda_status  # noqa: E402
+from handler.common.errors import UserError  # noqa: E402
+from handler.common.synthetic import make_images  # noqa: E402
+from handler.DALI import derived  # noqa: E402
+from handler.DALI.cifar10_loader import get_DALI_loader, require_dali, resolve_source  # noqa: E402
+
+SCALE = torch.tensor(STD).view(3, 1, 1) * 255
+OFFSET = torch.tensor(MEAN).view(3, 1, 1) * 255
+GREY = 128
+
+
+def config(tmp_path, world=1, rank=0, local_batch=8, cutout=0, use_cuda=False):
+    return Config(mode="ddp_dali", seed=0, workers=1, batch_size=local_batch * world, world_size=world,
+                  rank=rank, data=str(tmp_path), cutout=cutout, valid_size=0, use_cuda=use_cuda,
+                  device="cuda:0" if use_cuda else "cpu")
+
+
+def identity_images(n):
+    """Flat images: R,G encode the index, B the label (index % 10, times 20)."""
+    ids = np.arange(n)
+    labels = ids % 10
+    colours = np.stack([ids % 256, ids // 256, labels * 20], axis=1).astype(np.uint8)
+    return np.broadcast_to(colours[:, None, None, :], (n, 32, 32, 3)).copy(), labels.astype(np.int64)
+
+
+def splits(train, test=None):
+    empty = (train[0][:0], train[1][:0])
+    return Splits(train=train, valid=empty, test=test if test is not None else train, classes=[])
+
+
+def pixels(images):
+    """Normalised NCHW float back to 0-255 pixel values (NCHW, float)."""
+    return images.float().cpu() * SCALE + OFFSET
+
+
+def centre_codes(images):
+    """(index, label) encoded at each image's centre, which no crop or flip moves away."""
+    centre = pixels(images)[:, :, 16, 16].round().long()
+    return (centre[:, 0] + 256 * centre[:, 1]).tolist(), (centre[:, 2].float() / 20).round().long().tolist()
+
+
+def run_pass(loader, epoch=0):
+    """(indices, labels from pixels, labels yielded, batch count) of one pass."""
+    loader.set_epoch(epoch)
+    ids, pixel_labels, labels, batches = [], [], [], 0
+    for images, y in loader:
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)
+        assert y.dtype == torch.int64 and y.shape == (len(images),)
+        i, p = centre_codes(images)
+        ids, pixel_labels, labels, batches = ids + i, pixel_labels + p, labels + y.tolist(), batches + 1
+    return ids, pixel_labels, labels, batches
+
+
+def passes(loaders, epochs=2):
+    """Per epoch: the indices every rank saw, and each rank's batch count (checked against len)."""
+    for epoch in range(epochs):
+        seen, counts = [], []
+        for loader in loaders:
+            ids, _, _, batches = run_pass(loader, epoch)
+            assert batches == len(loader)
+            seen, counts = seen + ids, counts + [batches]
+        yield seen, counts
+
+
+@pytest.mark.parametrize("world, n", [(2, 101), (3, 100)])  # neither divides by world * 8
+def test_training_shards_cover_the_split_with_equal_batch_counts(tmp_path, world, n):
+    data = splits(identity_images(n))
+    loaders = [get_DALI_loader(config(tmp_path, world, rank), data).train for rank in range(world)]
+    for seen, counts in passes(loaders):
+        assert len(set(counts)) == 1, f"ranks ran {counts} batches: DDP would hang"
+        assert set(seen) == set(range(n))
+        assert len(seen) == -(-n // world) * world  # padded by fewer than `world` repeats
+
+
+# Unpadded, DALI's shards would hold 48/49 and 16/16/17 images: 6 vs 7 and 2 vs 3 batches of 8.
+# Padded, each rank holds 8k+1 images and drops the one-image batch, as the DDP loader does.
+@pytest.mark.parametrize("world, n", [(2, 97), (3, 49)])
+def test_shards_that_differ_by_one_still_give_equal_full_batches(tmp_path, world, n):
+    data = splits(identity_images(n))
+    loaders = [get_DALI_loader(config(tmp_path, world, rank), data).train for rank in range(world)]
+    for seen, counts in passes(loaders):
+        assert len(set(counts)) == 1, f"ranks ran {counts} batches: DDP would hang"
+        assert len(seen) == counts[0] * 8 * world and len(set(seen)) >= n - world
+
+
+def test_an_epoch_rebuilt_after_a_restart_replays_the_same_batches(tmp_path):
+    data = splits(identity_images(60))
+    original, restarted = (get_DALI_loader(config(tmp_path, cutout=8), data).train for _ in range(2))
+    for epoch in range(2):
+        run_pass(original, epoch)
+    original.set_epoch(2)
+    restarted.set_epoch(2)
+    for (a, y), (b, z) in zip(original, restarted, strict=True):
+        assert torch.equal(a, b) and torch.equal(y, z)
+    assert run_pass(original, 2) == run_pass(restarted, 2) != run_pass(restarted, 1)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_evaluation_yields_every_test_image_exactly_once(tmp_path, world):
+    n = 50  # not divisible by world * local batch (8, 16, 24)
+    data = splits(identity_images(60), test=identity_images(n))
+    seen = []
+    for rank in range(world):
+        loader = get_DALI_loader(config(tmp_path, world, rank), data).test
+        for epoch in range(2):
+            ids, _, _, batches = run_pass(loader, epoch)
+            assert batches == len(loader)
+        seen += ids
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("source", ["raw", "jpeg"])
+def test_labels_stay_aligned_with_images(tmp_path, source):
+    loaders = get_DALI_loader(config(tmp_path), splits(identity_images(120)), source=source)
+    for loader in (loaders.train, loaders.test):
+        ids, pixel_labels, labels, _ = run_pass(loader)
+        assert labels == pixel_labels
+        if source == "raw":  # lossless, so the index survives too
+            assert labels == [i % 10 for i in ids]
+
+
+def probe_images(n):
+    """Grey images with a bright pixel at (16, 16) and a dimmer marker to its right."""
+    images = np.full((n, 32, 32, 3), GREY, np.uint8)
+    images[:, 16, 16] = 255
+    images[:, 16, 17] = 200
+    return images, np.zeros(n, np.int64)
+
+
+def test_crop_shifts_span_minus4_to_4_and_half_the_images_flip(tmp_path):
+    n = 512
+    loader = get_DALI_loader(config(tmp_path, local_batch=64), splits(probe_images(n))).train
+    shifts, flips = [], 0
+    for images, _ in loader:
+        for image in pixels(images).round():
+            (y,), (x,) = torch.nonzero(image[0] == 255, as_tuple=True)
+            flipped = image[0, y, x - 1] == 200
+            x = 31 - x if flipped else x
+            dy, dx = 16 - y.item(), 16 - x.item()
+            shifts.append((dy, dx))
+            flips += int(flipped)
+            # The padding is black pixels, as RandomCrop's zero fill before ToTensor.
+            black_rows = int((image[0] == 0).all(dim=1).sum())
+            assert black_rows == abs(dy)
+    shifts = np.array(shifts)
+    assert len(shifts) == n
+    for axis in (0, 1):
+        assert shifts[:, axis].min() == -4 and shifts[:, axis].max() == 4
+        assert abs(shifts[:, axis].mean()) < 0.5  # standard error ~0.11
+    assert abs(flips - n / 2) < 60  # binomial sd ~11
+
+
+def test_cutout_zeroes_one_square_centred_on_a_uniform_pixel(tmp_path):
+    size, n = 8, 256
+    images = np.full((n, 32, 32, 3), GREY, np.uint8)  # normalised grey is nonzero in every channel
+    loader = get_DALI_loader(config(tmp_path, local_batch=64, cutout=size),
+                             splits((images, np.zeros(n, np.int64)))).train
+    full, clipped = 0, {"top": 0, "bottom": 0, "left": 0, "right": 0}
+    for batch, _ in loader:
+        for image in batch:
+            ys, xs = torch.nonzero((image == 0).all(dim=0), as_tuple=True)
+            top, bottom, left, right = ys.min().item(), ys.max().item(), xs.min().item(), xs.max().item()
+            h, w = bottom - top + 1, right - left + 1
+            assert len(ys) == h * w, "the zeroed region is not a rectangle"
+            # Centred on a pixel inside the image: at least half the square survives clipping.
+            assert size // 2 <= h <= size and size // 2 <= w <= size
+            assert h == size or top == 0 or bottom == 31
+            assert w == size or left == 0 or right == 31
+            full += int(h == size and w == size)
+            clipped["top"] += int(h < size and top == 0)
+            clipped["bottom"] += int(h < size and bottom == 31)
+            clipped["left"] += int(w < size and left == 0)
+            clipped["right"] += int(w < size and right == 31)
+    assert full > n // 3
+    assert min(clipped.values()) > 0, f"squares clip on one side only: {clipped}"
+
+
+def test_evaluation_equals_the_torchvision_eval_transform(tmp_path):
+    images, labels = make_images(40, np.random.default_rng(0))
+    reference = torch.stack([eval_transform()(Image.fromarray(im)) for im in images])
+    for source, tolerance in (("raw", 1e-5), ("jpeg", None)):
+        out = torch.cat([x for x, _ in get_DALI_loader(config(tmp_path), splits((images, labels)),
+                                                         source=source).test])
+        if tolerance:
+            torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
+        else:  # JPEG q95 is lossy: a few grey levels on these noisy images (docs/DALI.md)
+            error = (pixels(out) - pixels(reference)).abs()
+            assert error.mean() < 5 and error.max() < 40
+
+
+def test_derived_files_are_reused_and_rebuilt_when_a_pixel_changes(tmp_path):
+    cfg = config(tmp_path)
+    images, _ = identity_images(20)
+    files = derived.derived_files(cfg, images, "raw")
+    marker = os.path.join(os.path.dirname(files[0]), "marker")
+    open(marker, "w").close()
+    assert derived.derived_files(cfg, images, "raw") == files and os.path.exists(marker)
+
+    changed = images.copy()
+    changed[3, 0, 0, 0] += 1
+    rebuilt = derived.derived_files(cfg, changed, "raw")
+    assert os.path.dirname(rebuilt[0]) != os.path.dirname(files[0])
+    assert np.fromfile(rebuilt[3], np.uint8).reshape(32, 32, 3)[0, 0, 0] == changed[3, 0, 0, 0]
+
+
+def test_a_failed_build_leaves_no_cache_behind(tmp_path, monkeypatch):
+    def fail(path, image):
+        raise OSError("disk full")
+    monkeypatch.setattr(derived, "_write_raw", fail)
+    with pytest.raises(OSError):
+        derived.derived_files(config(tmp_path), identity_images(5)[0], "raw")
+    assert os.listdir(tmp_path / derived.CACHE) == []
+
+
+def test_unknown_source_and_missing_dali_are_one_line_user_errors(monkeypatch):
+    with pytest.raises(UserError, match="raw, jpeg"):
+        resolve_source("png")
+    monkeypatch.setitem(__import__("sys").modules, "nvidia.dali", None)
+    with pytest.raises(UserError, match="pip install nvidia-dali"):
+        require_dali()
+    with pytest.raises(UserError, match="--mode ddp_dali needs NVIDIA DALI"):
+        get_DALI_loader(Config(), splits(identity_images(10)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_status()[0] == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("source", ["raw", "jpeg"])
+def test_gpu_pipeline_matches_the_cpu_pipeline(tmp_path, source):
+    images, labels = make_images(40, np.random.default_rng(0))
+    outputs = []
+    for use_cuda in (False, True):
+        cfg = config(tmp_path, use_cuda=use_cuda)
+        batches = list(get_DALI_loader(cfg, splits((images, labels)), source=source).test)
+        device = "cuda" if use_cuda else "cpu"
+        assert all(x.device.type == device and y.device == x.device for x, y in batches)
+        outputs.append(pixels(torch.cat([x for x, _ in batches])))
+    # nvJPEG and libjpeg-turbo may round their inverse DCTs differently by a level or two.
+    torch.testing.assert_close(outputs[1], outputs[0], atol=3 if source == "jpeg" else 1e-3, rtol=0)
