@@ -3,11 +3,13 @@ from typing import Callable, Dict
 
 import torch.nn as nn
 
+from .fastnet import fastnet
 from .resnet import resnet18, resnet20
 
 MODELS: Dict[str, Callable[..., nn.Module]] = {
     "resnet18": resnet18,
     "resnet20": resnet20,
+    "fastnet": fastnet,
 }
 
 

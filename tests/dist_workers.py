@@ -29,13 +29,14 @@ def fixed_batches(steps: int, batch: int):
             for _ in range(steps)]
 
 
-def train_steps(model, batches, accum_steps=1):
+def train_steps(model, batches, accum_steps=1, criterion=None):
     """Run the harness's own optimisation step over the given (images, labels) batches."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     step = Step(model=model, optimizer=optimizer,
                 scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
                 scaler=torch.amp.GradScaler("cpu", enabled=False),
-                autocast=lambda: torch.autocast("cpu", enabled=False), accum_steps=accum_steps)
+                autocast=lambda: torch.autocast("cpu", enabled=False), accum_steps=accum_steps,
+                **({"criterion": criterion} if criterion else {}))
     for images, labels in batches:
         _optimise(step, images, labels)
 

@@ -1,6 +1,7 @@
 """The DDP modes' entry: start (or join) the ranks, then train with the shared loop."""
 import dataclasses
 import os
+from functools import partial
 
 from ..common import rank0
 from ..common.config import validate
@@ -27,7 +28,7 @@ def worker(proc_id: int, cfg, make_loaders) -> None:
         try:
             cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))
             validate(cfg)  # torchrun may have chosen a world size the command line did not
-            fit(cfg, wrap=model_to_DDP, make_loaders=make_loaders)
+            fit(cfg, wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn), make_loaders=make_loaders)
         finally:
             destroy_process()
 

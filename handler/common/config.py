@@ -46,6 +46,9 @@ class Config:
     amp: str = "off"
     channels_last: bool = False
     accum_steps: int = 1
+    activation_checkpointing: bool = False
+    sync_bn: bool = False
+    dp_balanced: bool = False
     dali_source: str = ""  # "" = $HARNESS_DALI_SOURCE or the measured default
     # Filled per process by the mode's setup.
     use_cuda: bool = False
@@ -128,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--channels-last", action="store_true", help="NHWC memory format")
     p.add_argument("--accum-steps", type=int, default=d.accum_steps,
                    help="split each batch into K micro-batches (gradient accumulation)")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each ResNet stage's activations in backward (less memory)")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="SyncBatchNorm across ranks (DDP modes, GPU only)")
+    p.add_argument("--dp-balanced", action="store_true",
+                   help="dp: compute the loss inside each replica instead of gathering logits on GPU 0")
     p.add_argument("--dali-source", choices=("raw", "jpeg"), default=None,
                    help="ddp_dali input: raw uint8 arrays (default, fastest measured) or JPEG "
                         "files decoded by DALI (on the GPU with device=mixed)")
@@ -193,6 +202,11 @@ def validate(cfg: Config) -> None:
     need(cfg.accum_steps >= 1 and cfg.local_batch % cfg.accum_steps == 0,
          f"--accum-steps {cfg.accum_steps} must divide the per-process batch {cfg.local_batch}")
     need(cfg.amp != "fp16" or cfg.use_cuda, "--amp fp16 needs a GPU; use --amp bf16 on CPU")
+    need(not cfg.sync_bn or cfg.mode in DDP_MODES,
+         f"--sync-bn synchronises BatchNorm across DDP ranks; use it with --mode ddp or ddp_dali, not {cfg.mode}")
+    need(not cfg.sync_bn or cfg.use_cuda,
+         "--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only; drop --sync-bn on CPU")
+    need(not cfg.dp_balanced or cfg.mode == "dp", "--dp-balanced changes DataParallel; use it with --mode dp")
     need(cfg.dist_timeout > 0, "--dist-timeout must be positive seconds")
     need(0 <= cfg.port < 65536, f"--port {cfg.port}: use 1..65535, or 0 for a free port")
     from models import MODELS

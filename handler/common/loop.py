@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from . import dist
+from .model_options import cross_entropy
 from .nvtx import nvtx_range
 
 
@@ -31,6 +32,7 @@ class Step:
     autocast: object  # a context manager factory: torch.autocast(...) or nullcontext
     accum_steps: int = 1
     channels_last: bool = False
+    criterion: object = cross_entropy  # (model, images, labels) -> (mean loss, correct count)
 
 
 def _micro_batches(images, labels, k):
@@ -92,12 +94,11 @@ def _optimise(step: Step, images, labels) -> torch.Tensor:
         # DDP decides in forward whether the coming backward all-reduces.
         with no_sync() if j < len(parts) - 1 else nullcontext():
             with nvtx_range("forward"), step.autocast():
-                logits = step.model(x)
-                loss = F.cross_entropy(logits, y)
+                loss, right = step.criterion(step.model, x, y)
             with nvtx_range("backward"):
                 step.scaler.scale(loss * (y.shape[0] / n)).backward()
         loss_sum += loss.detach().double() * y.shape[0]
-        correct += (logits.detach().argmax(1) == y).sum()
+        correct += right
     with nvtx_range("optimizer"):
         step.scaler.step(step.optimizer)
         step.scaler.update()

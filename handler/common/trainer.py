@@ -18,6 +18,7 @@ from .dataset import load_splits
 from .errors import UserError
 from .loop import Step, evaluate, train_epoch
 from .metrics import MetricsFile, environment
+from .model_options import checkpoint_stages, cross_entropy
 from .nvtx import nvtx_mark, nvtx_range
 from .stopping import StopFlag, StopRequested
 
@@ -50,7 +51,7 @@ def epoch_seed(cfg, epoch: int) -> int:
     return cfg.seed + 1_000_003 * (epoch + 1) + 7919 * cfg.rank
 
 
-def fit(cfg, *, wrap, make_loaders, notes=()) -> dict:
+def fit(cfg, *, wrap, make_loaders, criterion=cross_entropy, notes=()) -> dict:
     device = torch.device(cfg.device)
     nvtx_mark(f"rank {cfg.rank}")
     started = time.perf_counter()
@@ -59,6 +60,8 @@ def fit(cfg, *, wrap, make_loaders, notes=()) -> dict:
     raw = build_model(cfg.model, len(splits.classes)).to(device)
     if cfg.channels_last:
         raw = raw.to(memory_format=torch.channels_last)
+    if cfg.activation_checkpointing:
+        checkpoint_stages(raw)
     optimizer = torch.optim.SGD(raw.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 nesterov=True, weight_decay=cfg.weight_decay)
     loaders = make_loaders(cfg, splits)
@@ -83,7 +86,7 @@ def fit(cfg, *, wrap, make_loaders, notes=()) -> dict:
 
     step = Step(model=wrap(raw), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
-                channels_last=cfg.channels_last)
+                channels_last=cfg.channels_last, criterion=criterion)
     evaluate_on = partial(evaluate, raw, device=device, autocast=step.autocast, channels_last=cfg.channels_last)
     save = partial(_save, cfg, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     metrics = MetricsFile(cfg, environment(cfg, notes), history) if cfg.is_main else None

@@ -29,7 +29,7 @@ def write_plots(rows, out: Path) -> dict:
     _save(_scaling(rows), out / "scaling.png")
     written["Speed-up and scaling efficiency"] = "scaling.png"
     _save(_phases(rows), out / "phases.png")
-    written["Where batch time goes"] = "phases.png"
+    written["Where training time goes"] = "phases.png"
     return written
 
 
