@@ -10,18 +10,7 @@ from handler.common.devices import cuda_status
 from handler.common.errors import one_line_errors
 from handler.common.preflight import preflight
 from handler.DDP.utils import launched_by_torchrun
-
-
-def run_mode(cfg) -> None:
-    if cfg.mode == "dp":
-        from handler.DP.run import run
-        return run(cfg)
-    from handler.DDP.run import run
-    if cfg.mode == "ddp_dali":
-        from handler.DALI.cifar10_loader import get_DALI_loader as make_loaders
-    else:
-        from handler.DDP.cifar10_loader import get_DDP_loader as make_loaders
-    run(cfg, make_loaders)
+from handler.modes import run_mode
 
 
 def main(argv=None) -> int:

@@ -41,16 +41,21 @@ def train_steps(model, batches, accum_steps=1, criterion=None):
         _optimise(step, images, labels)
 
 
-def ddp_worker(proc_id, world, port, steps, batch, accum_steps, out_dir):
+def ddp_worker(proc_id, world, port, steps, batch, accum_steps, out_dir, wrap="ddp"):
+    """Train TinyNet on this rank's slice of each global batch with the chosen wrapper;
+    rank 0 saves the full (unsharded) parameters as <wrap>.pt."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from handler.FSDP.model import model_to_FSDP
+
     me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=60)
     try:
         torch.manual_seed(0)
         raw = TinyNet()
-        model = model_to_DDP(raw)
-        # Each rank takes its contiguous slice of every global batch.
+        model = model_to_DDP(raw) if wrap == "ddp" else model_to_FSDP(raw)
         local = [(x.chunk(world)[me.rank], y.chunk(world)[me.rank]) for x, y in fixed_batches(steps, batch)]
         train_steps(model, local, accum_steps)
+        full = get_model_state_dict(raw, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if me.rank == 0:
-            torch.save(raw.state_dict(), os.path.join(out_dir, "ddp.pt"))
+            torch.save(full, os.path.join(out_dir, f"{wrap}.pt"))
     finally:
         destroy_process()

@@ -41,6 +41,19 @@ def test_ddp_with_global_batch_B_matches_one_process_with_batch_B(world, tmp_pat
     assert_params_close(ddp, single_process_params(steps, batch), tol=1e-5)
 
 
+def test_two_rank_fsdp_matches_two_rank_ddp(tmp_path):
+    """FSDP reduce-scatters what DDP all-reduces; with 2 ranks each gradient element is
+    the same two-term sum, so parameters agree to float rounding of the update (1e-6)."""
+    steps, batch = 4, 16
+    for wrap in ("ddp", "fsdp"):
+        mp.start_processes(ddp_worker, args=(2, free_port(), steps, batch, 1, str(tmp_path), wrap),
+                           nprocs=2, start_method="spawn")
+    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
+    fsdp = torch.load(tmp_path / "fsdp.pt", weights_only=True)
+    assert ddp.keys() == fsdp.keys()
+    assert_params_close(fsdp, ddp, tol=1e-6)
+
+
 def test_gradient_accumulation_equals_one_full_batch():
     steps, batch = 3, 16
     assert_params_close(single_process_params(steps, batch, accum_steps=4),

@@ -1,25 +1,23 @@
 """The DDP modes' entry: start (or join) the ranks, then train with the shared loop."""
 import dataclasses
 import os
-from functools import partial
 
 from ..common import rank0
 from ..common.config import validate
 from ..common.dataset import data_lock, prepare_dataset
 from ..common.errors import one_line_errors
 from ..common.trainer import fit
-from .model import model_to_DDP
 from .utils import destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, run_process
 
 
-def run(cfg, make_loaders) -> None:
+def run(cfg, strategy) -> None:
     if launched_by_torchrun():
-        worker(0, cfg, make_loaders)
+        worker(0, cfg, strategy)
     else:
-        run_process(worker, (cfg, make_loaders), nprocs=cfg.world_size)
+        run_process(worker, (cfg, strategy), nprocs=cfg.world_size)
 
 
-def worker(proc_id: int, cfg, make_loaders) -> None:
+def worker(proc_id: int, cfg, strategy) -> None:
     with one_line_errors(f"rank {proc_id}"):
         if launched_by_torchrun():
             cfg = _torchrun_preparation(cfg)
@@ -28,7 +26,7 @@ def worker(proc_id: int, cfg, make_loaders) -> None:
         try:
             cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))
             validate(cfg)  # torchrun may have chosen a world size the command line did not
-            fit(cfg, wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn), make_loaders=make_loaders)
+            fit(cfg, strategy)
         finally:
             destroy_process()
 

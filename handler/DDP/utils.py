@@ -14,6 +14,7 @@ import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
 
+from ..common import dist
 from ..common.devices import cuda_status
 from ..common.errors import UserError
 
@@ -102,5 +103,6 @@ def elastic_restart_count() -> int:
 
 
 def destroy_process() -> None:
+    dist.forget_groups()
     if tdist.is_initialized():
         tdist.destroy_process_group()

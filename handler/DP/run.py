@@ -1,10 +1,12 @@
 """The DP mode's entry: one process; nn.DataParallel over the GPUs, or plain CPU."""
 import dataclasses
+from functools import partial
 
 from torch import nn
 
 from ..common import rank0
 from ..common.model_options import cross_entropy
+from ..common.strategy import Strategy
 from ..common.trainer import fit
 from ..DDP.cifar10_loader import get_DDP_loader
 from .balanced import LossInside, replica_cross_entropy
@@ -20,8 +22,9 @@ def run(cfg) -> None:
         notes.append(CPU_NOTE)
         rank0.say(cfg, f"dp: {CPU_NOTE}")
     # One replica of the DDP loader is a plain seeded shuffle; same data semantics as ddp.
-    fit(cfg, wrap=lambda model: wrap(cfg, model), make_loaders=get_DDP_loader,
-        criterion=replica_cross_entropy if cfg.dp_balanced else cross_entropy, notes=notes)
+    fit(cfg, Strategy(wrap=partial(wrap, cfg), make_loaders=get_DDP_loader,
+                      criterion=replica_cross_entropy if cfg.dp_balanced else cross_entropy,
+                      notes=tuple(notes)))
 
 
 def wrap(cfg, model: nn.Module) -> nn.Module:

@@ -29,12 +29,28 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def make_checkpoint(*, model, optimizer, scheduler, scaler, epoch, step, best_acc, history, config) -> dict:
-    """`epoch` finished epochs plus `step` finished steps of the next (0 at epoch ends);
-    `model` must be the unwrapped module."""
-    return {"format": FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch, "step": step,
-            "best_acc": best_acc, "history": history, "rng": rng_state(), "config": config}
+class PlainState:
+    """Model and optimizer state inside the checkpoint dict, written by rank 0 alone."""
+
+    def capture(self, cfg, model, optimizer, tag: str) -> dict:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+    def restore(self, ckpt: dict, path: str, model, optimizer) -> None:
+        if "model" not in ckpt:
+            raise UserError(f"{path} holds sharded (fsdp) state; resume it with --mode fsdp")
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+
+    def keep(self, last: dict, best: dict) -> None:
+        """Nothing lives outside the checkpoint files."""
+
+
+def make_checkpoint(*, state, scheduler, scaler, epoch, step, best_acc, history, config) -> dict:
+    """`state` holds the model/optimizer (or where their shards are); `epoch` finished
+    epochs plus `step` finished steps of the next (0 at epoch ends)."""
+    return {"format": FORMAT, **state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+            "epoch": epoch, "step": step, "best_acc": best_acc, "history": history, "rng": rng_state(),
+            "config": config}
 
 
 def save_atomic(obj: dict, path: str) -> None:
@@ -60,6 +76,6 @@ def load_checkpoint(path: str, device) -> dict:
     except Exception as err:
         raise UserError(f"{path} is not a readable checkpoint ({type(err).__name__}); "
                         "pass another file to --resume") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt:
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or not ({"model", "shards"} & set(ckpt)):
         raise UserError(f"{path} is not a checkpoint written by this harness; pass another file to --resume")
     return ckpt

@@ -11,8 +11,8 @@ from typing import Optional
 
 from .errors import UserError
 
-MODES = ("dp", "ddp", "ddp_dali")
-DDP_MODES = ("ddp", "ddp_dali")
+MODES = ("dp", "ddp", "ddp_dali", "fsdp")
+DDP_MODES = ("ddp", "ddp_dali", "fsdp")
 CPU_DEFAULT_PROCS = 2
 
 

@@ -22,6 +22,32 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(value: int) -> int:
+    if not active():
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=cpu_group())
+    return int(t.item())
+
+
+_CPU_GROUP = None
+
+
+def cpu_group():
+    """A gloo group for small host-side exchanges, also when the main backend is NCCL.
+    Created on first use, which every rank reaches at the same point."""
+    global _CPU_GROUP
+    if _CPU_GROUP is None:
+        _CPU_GROUP = tdist.new_group(backend="gloo")
+    return _CPU_GROUP
+
+
+def forget_groups() -> None:
+    """Called when the process group is destroyed."""
+    global _CPU_GROUP
+    _CPU_GROUP = None
+
+
 def broadcast_buffers(module: torch.nn.Module) -> None:
     """Give every rank rank 0's BatchNorm statistics, so evaluation agrees across ranks."""
     if active():

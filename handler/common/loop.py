@@ -109,12 +109,23 @@ def _optimise(step: Step, images, labels) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(model, loader, name: str, device: torch.device, autocast=nullcontext,
-             channels_last: bool = False) -> dict:
-    """Loss/accuracy over the loader, summed over ranks; each image counted once."""
+             channels_last: bool = False, lockstep: bool = False) -> dict:
+    """Loss/accuracy over the loader, summed over ranks; each image counted once.
+
+    With `lockstep` (the forward is itself a collective, as in FSDP) a rank whose
+    shard ran out runs a one-image dummy forward, counted nowhere, until all are done.
+    """
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float64)
+    steps = dist.all_reduce_max(len(loader)) if lockstep else len(loader)
+    batches = iter(loader)
     with nvtx_range(name):
-        for images, labels in loader:
+        for _ in range(steps):
+            batch = next(batches, None)
+            if batch is None:
+                model(torch.zeros(1, 3, 32, 32, device=device))
+                continue
+            images, labels = batch
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             with autocast():

@@ -30,7 +30,7 @@ class StopRequested(Exception):
 class StopFlag:
     def __init__(self):
         self.signum = 0
-        self._group = tdist.new_group(backend="gloo") if dist.active() else None
+        self._group = dist.cpu_group() if dist.active() else None
         self._pending = None
         self._buffer = torch.zeros(1)
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}

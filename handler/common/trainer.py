@@ -18,7 +18,8 @@ from .dataset import load_splits
 from .errors import UserError
 from .loop import Step, evaluate, train_epoch
 from .metrics import MetricsFile, environment
-from .model_options import checkpoint_stages, cross_entropy
+from .model_options import checkpoint_stages
+from .strategy import Strategy
 from .nvtx import nvtx_mark, nvtx_range
 from .stopping import StopFlag, StopRequested
 
@@ -51,7 +52,7 @@ def epoch_seed(cfg, epoch: int) -> int:
     return cfg.seed + 1_000_003 * (epoch + 1) + 7919 * cfg.rank
 
 
-def fit(cfg, *, wrap, make_loaders, criterion=cross_entropy, notes=()) -> dict:
+def fit(cfg, strategy: Strategy) -> dict:
     device = torch.device(cfg.device)
     nvtx_mark(f"rank {cfg.rank}")
     started = time.perf_counter()
@@ -62,9 +63,12 @@ def fit(cfg, *, wrap, make_loaders, criterion=cross_entropy, notes=()) -> dict:
         raw = raw.to(memory_format=torch.channels_last)
     if cfg.activation_checkpointing:
         checkpoint_stages(raw)
+    # Wrap first: FSDP replaces the parameters with shards, and the optimizer (and any
+    # restored state) must see the ones that train. DDP and DP keep the same tensors.
+    model = strategy.wrap(raw)
     optimizer = torch.optim.SGD(raw.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 nesterov=True, weight_decay=cfg.weight_decay)
-    loaders = make_loaders(cfg, splits)
+    loaders = strategy.make_loaders(cfg, splits)
     if len(loaders.train) == 0:
         raise UserError(f"{len(splits.train[1])} training images give no full batch of {cfg.local_batch} "
                         "per process; use a smaller --batch-size or more data")
@@ -75,8 +79,7 @@ def fit(cfg, *, wrap, make_loaders, criterion=cross_entropy, notes=()) -> dict:
     if cfg.resume is not None:
         ckpt = load_checkpoint(resume_path(cfg), device)
         check_compatible(ckpt, cfg, len(splits.classes), resume_path(cfg))
-        raw.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        strategy.state.restore(ckpt, resume_path(cfg), raw, optimizer)
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
         set_rng_state(ckpt["rng"])
@@ -84,12 +87,13 @@ def fit(cfg, *, wrap, make_loaders, criterion=cross_entropy, notes=()) -> dict:
         best_acc, history = ckpt["best_acc"], list(ckpt["history"])
         rank0.say(cfg, f"resumed from {resume_path(cfg)} at epoch {start_epoch + 1}, step {start_step}")
 
-    step = Step(model=wrap(raw), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+    step = Step(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
-                channels_last=cfg.channels_last, criterion=criterion)
-    evaluate_on = partial(evaluate, raw, device=device, autocast=step.autocast, channels_last=cfg.channels_last)
-    save = partial(_save, cfg, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    metrics = MetricsFile(cfg, environment(cfg, notes), history) if cfg.is_main else None
+                channels_last=cfg.channels_last, criterion=strategy.criterion)
+    evaluate_on = partial(evaluate, raw, device=device, autocast=step.autocast,
+                          channels_last=cfg.channels_last, lockstep=strategy.lockstep_eval)
+    save = partial(_save, cfg, strategy.state, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    metrics = MetricsFile(cfg, environment(cfg, strategy.notes), history) if cfg.is_main else None
     rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
                    f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}")
@@ -143,7 +147,7 @@ def check_compatible(ckpt: dict, cfg, num_classes: int, path: str) -> None:
     if saved != cfg.model:
         raise UserError(f"{path} holds a {saved} but --model is {cfg.model}; "
                         f"pass --model {saved} or another checkpoint")
-    head = [v for k, v in ckpt["model"].items() if k.endswith("head.weight")]
+    head = [v for k, v in ckpt.get("model", {}).items() if k.endswith("head.weight")]
     if head and head[0].shape[0] != num_classes:
         raise UserError(f"{path} was trained on {head[0].shape[0]} classes but the dataset has "
                         f"{num_classes}; use the matching dataset or start without --resume")
@@ -156,15 +160,20 @@ def _report_epoch(cfg, r):
                    f"{r['images_per_s']:.0f} img/s  data-wait {100 * r['data_wait_s'] / r['time_s']:.1f}%")
 
 
-def _save(cfg, *, raw, optimizer, scheduler, scaler, epochs_done, step, best_acc, history, improved=False):
-    """Rank 0 writes last.pt (and best.pt when validation improved); others return."""
-    if cfg.save == "none" or not cfg.is_main:
+def _save(cfg, state, *, raw, optimizer, scheduler, scaler, epochs_done, step, best_acc, history,
+          improved=False):
+    """Every rank hands over its state (sharded modes write shards here); rank 0 then
+    writes last.pt, and best.pt when validation improved."""
+    if cfg.save == "none":
         return
     with nvtx_range("checkpoint"):
-        ckpt = make_checkpoint(model=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                               epoch=epochs_done, step=step, best_acc=best_acc, history=history,
-                               config=cfg.as_dict())
         os.makedirs(cfg.ckpt, exist_ok=True)
+        captured = state.capture(cfg, raw, optimizer, tag=f"e{epochs_done}s{step}")
+        if not cfg.is_main:
+            return
+        ckpt = make_checkpoint(state=captured, scheduler=scheduler, scaler=scaler, epoch=epochs_done,
+                               step=step, best_acc=best_acc, history=history, config=cfg.as_dict())
         save_atomic(ckpt, os.path.join(cfg.ckpt, "last.pt"))
         if improved:
             save_atomic(ckpt, os.path.join(cfg.ckpt, "best.pt"))
+        state.keep(last=captured, best=captured if improved else None)

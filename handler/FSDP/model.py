@@ -1,0 +1,12 @@
+"""Sharding a model with FSDP2's fully_shard: the only place the fsdp mode touches it."""
+import torch
+from torch.distributed.fsdp import fully_shard
+
+
+def model_to_FSDP(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard each stage as its own unit (so only one stage's parameters are gathered at
+    a time), then the rest at the root. fully_shard changes `model` in place."""
+    for stage in getattr(model, "stages", ()):
+        fully_shard(stage)
+    fully_shard(model)
+    return model

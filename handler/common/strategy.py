@@ -1,0 +1,16 @@
+"""What a mode tells the shared training loop: the only way modes differ."""
+from dataclasses import dataclass, field
+from typing import Callable, Tuple
+
+from .checkpoint import PlainState
+from .model_options import cross_entropy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    wrap: Callable             # plain model -> model that trains (DDP, DataParallel, FSDP, itself)
+    make_loaders: Callable     # (cfg, splits) -> Loaders
+    criterion: Callable = cross_entropy  # (model, images, labels) -> (mean loss, correct)
+    state: object = field(default_factory=PlainState)  # how model/optimizer state enters checkpoints
+    lockstep_eval: bool = False  # forward is a collective (FSDP): every rank runs the same eval steps
+    notes: Tuple[str, ...] = ()  # fallbacks to record in the metrics
