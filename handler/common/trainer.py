@@ -77,15 +77,8 @@ def fit(cfg, strategy: Strategy) -> dict:
 
     start_epoch, start_step, best_acc, history = 0, 0, -1.0, []
     if cfg.resume is not None:
-        ckpt = load_checkpoint(resume_path(cfg), device)
-        check_compatible(ckpt, cfg, len(splits.classes), resume_path(cfg))
-        strategy.state.restore(ckpt, resume_path(cfg), raw, optimizer)
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        set_rng_state(ckpt["rng"])
-        start_epoch, start_step = ckpt["epoch"], ckpt["step"]
-        best_acc, history = ckpt["best_acc"], list(ckpt["history"])
-        rank0.say(cfg, f"resumed from {resume_path(cfg)} at epoch {start_epoch + 1}, step {start_step}")
+        start_epoch, start_step, best_acc, history = _restore(
+            cfg, strategy, len(splits.classes), raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
 
     step = Step(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
@@ -115,12 +108,7 @@ def fit(cfg, strategy: Strategy) -> dict:
             if loaders.valid is not None:
                 dist.broadcast_buffers(raw)
                 val = evaluate_on(loaders.valid, "validate")
-            record = {"epoch": epoch, "time_s": train["time_s"], "train_samples": train["samples"],
-                      "train_loss": train["loss"], "train_acc": train["acc"],
-                      "images_per_s": train["samples"] / train["time_s"], "data_wait_s": train["data_wait_s"],
-                      "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
-            if first_step:
-                record["resumed_at_step"] = first_step
+            record = _epoch_record(epoch, train, val, first_step)
             history.append(record)
             improved = val["acc"] is not None and val["acc"] > best_acc
             best_acc = max(best_acc, val["acc"] or -1.0)
@@ -139,6 +127,29 @@ def fit(cfg, strategy: Strategy) -> dict:
         rank0.say(cfg, f"test: loss {test['loss']:.4f}  acc {100 * test['acc']:.2f}%  "
                        f"({test['samples']} images)  total {total:.1f} s  metrics -> {cfg.metrics}")
     return {"test": test, "epochs": history, "total_time_s": total}
+
+
+def _restore(cfg, strategy, num_classes, *, raw, optimizer, scheduler, scaler):
+    """Load every piece of state from the resume checkpoint; returns where to continue."""
+    path = resume_path(cfg)
+    ckpt = load_checkpoint(path, torch.device(cfg.device))
+    check_compatible(ckpt, cfg, num_classes, path)
+    strategy.state.restore(ckpt, path, raw, optimizer)
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    set_rng_state(ckpt["rng"])
+    rank0.say(cfg, f"resumed from {path} at epoch {ckpt['epoch'] + 1}, step {ckpt['step']}")
+    return ckpt["epoch"], ckpt["step"], ckpt["best_acc"], list(ckpt["history"])
+
+
+def _epoch_record(epoch, train, val, first_step) -> dict:
+    record = {"epoch": epoch, "time_s": train["time_s"], "train_samples": train["samples"],
+              "train_loss": train["loss"], "train_acc": train["acc"],
+              "images_per_s": train["samples"] / train["time_s"], "data_wait_s": train["data_wait_s"],
+              "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
+    if first_step:
+        record["resumed_at_step"] = first_step  # the epoch's sums cover only the steps after it
+    return record
 
 
 def check_compatible(ckpt: dict, cfg, num_classes: int, path: str) -> None:
