@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The lab's entry point: one training run of train_cifar.py, profiled by Nsight Systems.
+# Contract: DESIGN.md §5; docs/PROFILING.md shows how to read the result.
+#
+#   MODE=ddp NUM_GPUS=2 scripts/launch.sh [train_cifar.py arguments...]
+#
+# MODE (ddp_dali) dp|ddp|ddp_dali|fsdp      NUM_GPUS (visible GPUs, else 2 CPU processes)
+# LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   DATA_DIR (./data)   CKPT_DIR (./ckpt)
+# NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
+# PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, else python3)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+say() { echo "launch: $*" >&2; }
+die() { say "$*"; exit 2; }
+
+MODE="${MODE:-ddp_dali}"
+case "$MODE" in
+    dp|ddp|ddp_dali|fsdp) ;;
+    *) die "MODE='$MODE' is not a mode; use MODE=dp, ddp, ddp_dali or fsdp" ;;
+esac
+
+PROFILE="${PROFILE:-auto}"
+profiled=0
+case "$PROFILE" in
+    0) ;;
+    1) command -v nsys >/dev/null 2>&1 \
+           || die "PROFILE=1 but nsys is not on PATH; install it with scripts/install_nsys.sh or run with PROFILE=0"
+       profiled=1 ;;
+    auto) if command -v nsys >/dev/null 2>&1; then profiled=1
+          else say "WARNING: nsys not found, running UNPROFILED (install it with scripts/install_nsys.sh; PROFILE=0 silences this)"
+          fi ;;
+    *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;;
+esac
+
+if [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
+    export CUDA_VISIBLE_DEVICES="$LOCAL_GPU_IDS"
+fi
+visible_gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+    visible_gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+    if [[ -n "${LOCAL_GPU_IDS:-}" && "$visible_gpus" -gt 0 ]]; then
+        IFS=',' read -ra ids <<< "$LOCAL_GPU_IDS"
+        visible_gpus="${#ids[@]}"
+    fi
+fi
+if [[ "$visible_gpus" -gt 0 ]]; then
+    device=gpu default_count="$visible_gpus"
+else
+    device=cpu default_count=2
+fi
+NUM_GPUS="${NUM_GPUS:-$default_count}"
+[[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS='$NUM_GPUS' is not a positive integer; set e.g. NUM_GPUS=2"
+
+DATA_DIR="${DATA_DIR:-./data}"
+CKPT_DIR="${CKPT_DIR:-./ckpt}"
+NSIGHT_LOG_DIR="${NSIGHT_LOG_DIR:-nsight_logs}"
+NSIGHT_FILE_NAME="${NSIGHT_FILE_NAME:-${MODE}_${device}${NUM_GPUS}}"
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+
+report="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.nsys-rep"
+metrics="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.metrics.json"
+mkdir -p "$NSIGHT_LOG_DIR"
+rm -f "$report" "$metrics"  # so a failed run never shows the previous run's results
+
+smoke=()
+if [[ $device == cpu ]]; then
+    smoke=(--model resnet20 --epochs 2 --dataset synthetic)
+    say "no GPU visible: CPU smoke configuration (${smoke[*]}); arguments you pass override it"
+fi
+# The smoke defaults come first so that argparse lets the caller's arguments win.
+train=("$PYTHON" "$ROOT/train_cifar.py" --mode "$MODE" --num_gpu "$NUM_GPUS" --data "$DATA_DIR"
+       --ckpt "$CKPT_DIR" --metrics "$metrics" "${smoke[@]}" "$@")
+
+status=0
+if [[ $profiled == 1 ]]; then
+    source "$ROOT/scripts/nsys_options.sh"
+    # The trainer records this as env.nsys in its metrics.
+    HARNESS_NSYS="$(nsys --version | sed 's/.*version //')" \
+        nsys profile "${NSYS_PROFILE_OPTS[@]}" --output "$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME" "${train[@]}" \
+        || status=$?
+else
+    "${train[@]}" || status=$?
+fi
+
+[[ -f "$metrics" ]] && say "metrics: $metrics"
+if [[ $profiled == 1 && -f "$report" ]]; then
+    say "report:  $report"
+    analysis=(--brief)
+    [[ -f "$metrics" ]] && analysis+=(--metrics "$metrics")
+    # A failed analysis is reported but never changes the run's exit status.
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m handler.profiling.report "$report" "${analysis[@]}" \
+        && say "summary: $NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.summary.md" || true
+fi
+exit "$status"

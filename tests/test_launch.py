@@ -1,0 +1,106 @@
+"""scripts/launch.sh end to end on CPU (DESIGN.md §5): profiled runs, nsys-less runs, bad settings."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.nsys_helpers import REPO, path_without_nsys, require_nsys
+
+LAUNCH = REPO / "scripts" / "launch.sh"
+EPOCHS, RANKS, BATCHES = 2, 2, 4  # 256 images / global batch 64
+TINY = ["--model", "resnet20", "--epochs", str(EPOCHS), "--dataset", "synthetic", "--synthetic-train", "256",
+        "--synthetic-test", "128", "--batch-size", "64", "--workers", "0", "--valid-size", "0", "--no-progress"]
+CPU_PHASES = ("data", "forward", "backward", "optimizer")  # h2d appears only when a copy happens
+
+
+def launch(tmp_path, *args, timeout=300, **env):
+    settings = {"NUM_GPUS": str(RANKS), "DATA_DIR": str(tmp_path / "data"), "CKPT_DIR": str(tmp_path / "ckpt"),
+                "NSIGHT_LOG_DIR": str(tmp_path / "logs"), **env}
+    return subprocess.run(["bash", str(LAUNCH), *args], cwd=tmp_path, env={**os.environ, **settings},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module", params=["ddp", "ddp_dali"])
+def profiled(request, tmp_path_factory):
+    """(mode, finished launch, its log folder) for one profiled CPU run per mode."""
+    require_nsys()
+    tmp_path = tmp_path_factory.mktemp(request.param)
+    run = launch(tmp_path, *TINY, MODE=request.param, PROFILE="1")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return request.param, run, tmp_path / "logs"
+
+
+def summary_of(profiled) -> dict:
+    mode, _, logs = profiled
+    return json.loads((logs / f"{mode}_cpu{RANKS}.summary.json").read_text())
+
+
+def test_profiled_run_writes_report_metrics_and_summary_line(profiled):
+    mode, run, logs = profiled
+    assert (logs / f"{mode}_cpu{RANKS}.nsys-rep").is_file()
+    assert (logs / f"{mode}_cpu{RANKS}.metrics.json").is_file()
+    assert "CPU smoke configuration" in run.stderr
+    assert any(line.startswith("profile: data-stall ") for line in run.stdout.splitlines())
+
+
+def test_report_has_epoch_and_batch_ranges_from_every_rank(profiled):
+    ranks = summary_of(profiled)["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(RANKS))
+    assert sum(len(r["epochs"]) for r in ranks) == EPOCHS * RANKS
+    assert sum(r["batches"]["count"] for r in ranks) == EPOCHS * BATCHES * RANKS
+
+
+def test_cpu_batches_hold_every_phase_but_h2d(profiled):
+    for rank in summary_of(profiled)["ranks"]:
+        assert {name: rank["phases"][name]["count"] for name in CPU_PHASES} == \
+            {name: EPOCHS * BATCHES for name in CPU_PHASES}
+        assert rank["phases"]["h2d"]["count"] == 0
+
+
+def test_report_epoch_times_agree_with_metrics(profiled):
+    comparison = summary_of(profiled)["metrics_comparison"]
+    assert [c["epoch"] for c in comparison] == list(range(EPOCHS))
+    for c in comparison:
+        assert c["nsys_s"] == pytest.approx(c["metrics_s"], rel=0.05, abs=0.02), c
+
+
+def test_metrics_record_the_nsys_version(profiled):
+    mode, _, logs = profiled
+    metrics = json.loads((logs / f"{mode}_cpu{RANKS}.metrics.json").read_text())
+    version = subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout
+    assert metrics["env"]["nsys"] and metrics["env"]["nsys"] in version
+
+
+def test_profile_0_trains_without_nsys(tmp_path):
+    run = launch(tmp_path, *TINY, MODE="ddp", PROFILE="0", PATH=path_without_nsys(tmp_path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "logs" / f"ddp_cpu{RANKS}.metrics.json").is_file()
+    assert not list((tmp_path / "logs").glob("*.nsys-rep"))
+    assert "UNPROFILED" not in run.stderr
+
+
+def test_profile_auto_without_nsys_warns_and_runs_unprofiled(tmp_path):
+    run = launch(tmp_path, "--help", MODE="ddp", PATH=path_without_nsys(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert "running UNPROFILED" in run.stderr and "usage:" in run.stdout
+
+
+def assert_one_line_failure(run, *fragments):
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(f in lines[0] for f in fragments), run.stderr
+
+
+def test_profile_1_without_nsys_fails_in_one_line(tmp_path):
+    run = launch(tmp_path, MODE="ddp", PROFILE="1", PATH=path_without_nsys(tmp_path))
+    assert_one_line_failure(run, "PROFILE=1", "nsys", "scripts/install_nsys.sh")
+
+
+def test_unknown_mode_fails_in_one_line(tmp_path):
+    assert_one_line_failure(launch(tmp_path, MODE="horovod"), "MODE='horovod'", "ddp_dali")
+
+
+@pytest.mark.parametrize("count", ["0", "-1", "two"])
+def test_bad_num_gpus_fails_in_one_line(tmp_path, count):
+    assert_one_line_failure(launch(tmp_path, MODE="ddp", NUM_GPUS=count), f"NUM_GPUS='{count}'", "positive integer")
