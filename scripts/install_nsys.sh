@@ -7,7 +7,7 @@
 set -euo pipefail
 
 say() { echo "install_nsys: $*" >&2; }
-MANUAL="install Nsight Systems from https://developer.nvidia.com/nsight-systems (or NVIDIA's CUDA repository) and put nsys on PATH"
+MANUAL="get Nsight Systems from https://developer.nvidia.com/nsight-systems (or a CUDA repo) and put nsys on PATH"
 
 if nsys --version >/dev/null 2>&1; then
     nsys --version
@@ -27,7 +27,8 @@ case "${ID:-}" in
         sources=/etc/apt/sources.list.d/debian-nonfree.sources
         # Skip when non-free is already configured: apt warns about duplicate sources.
         if ! grep -rqsE '^[^#]*[[:space:]]non-free([[:space:]]|$)' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-            say "adding contrib/non-free for ${VERSION_CODENAME} in $sources"
+            [[ -n ${VERSION_CODENAME:-} ]] || { say "no VERSION_CODENAME in /etc/os-release; $MANUAL"; exit 1; }
+            say "adding contrib/non-free for $VERSION_CODENAME in $sources"
             printf '%s\n' "Types: deb" "URIs: http://deb.debian.org/debian" "Suites: ${VERSION_CODENAME}" \
                 "Components: contrib non-free" "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" \
                 | "${SUDO[@]}" tee "$sources" >/dev/null
@@ -44,7 +45,8 @@ case "${ID:-}" in
         ;;
     ubuntu)
         "${SUDO[@]}" apt-get update
-        package="$(apt-cache search --names-only '^nsight-systems(-cli)?(-[0-9.]+)?$' | awk '{print $1}' | sort -V | tail -n 1)"
+        package="$(apt-cache search --names-only '^nsight-systems(-cli)?(-[0-9.]+)?$' \
+                   | awk '{print $1}' | sort -V | tail -n 1)"
         [[ -n $package ]] || { say "no nsight-systems package in the configured apt sources; $MANUAL"; exit 1; }
         "${SUDO[@]}" apt-get install -y "$package"
         ;;
@@ -56,7 +58,8 @@ esac
 
 if ! command -v nsys >/dev/null 2>&1; then
     # NVIDIA's packages install under /opt/nvidia/nsight-systems*/bin without touching PATH.
-    found="$(ls -d /opt/nvidia/nsight-systems*/*/bin /opt/nvidia/nsight-systems*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
+    found="$(ls -d /opt/nvidia/nsight-systems*/*/bin /opt/nvidia/nsight-systems*/bin 2>/dev/null \
+             | sort -V | tail -n 1 || true)"
     [[ -n $found && -x $found/nsys ]] || { say "installed, but nsys is not on PATH; $MANUAL"; exit 1; }
     "${SUDO[@]}" ln -sf "$found/nsys" /usr/local/bin/nsys
 fi

@@ -7,7 +7,7 @@
 # MODE (ddp_dali) dp|ddp|ddp_dali|fsdp      NUM_GPUS (visible GPUs, else 2 CPU processes)
 # LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   DATA_DIR (./data)   CKPT_DIR (./ckpt)
 # NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
-# PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, else python3)
+# PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,8 +27,11 @@ case "$PROFILE" in
     1) command -v nsys >/dev/null 2>&1 \
            || die "PROFILE=1 but nsys is not on PATH; install it with scripts/install_nsys.sh or run with PROFILE=0"
        profiled=1 ;;
-    auto) if command -v nsys >/dev/null 2>&1; then profiled=1
-          else say "WARNING: nsys not found, running UNPROFILED (install it with scripts/install_nsys.sh; PROFILE=0 silences this)"
+    auto) if command -v nsys >/dev/null 2>&1; then
+              profiled=1
+          else
+              say "WARNING: nsys not found, running UNPROFILED" \
+                  "(scripts/install_nsys.sh installs it; PROFILE=0 silences this)"
           fi ;;
     *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;;
 esac
@@ -57,7 +60,9 @@ CKPT_DIR="${CKPT_DIR:-./ckpt}"
 NSIGHT_LOG_DIR="${NSIGHT_LOG_DIR:-nsight_logs}"
 NSIGHT_FILE_NAME="${NSIGHT_FILE_NAME:-${MODE}_${device}${NUM_GPUS}}"
 if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+    # First use creates .venv; later calls are a quick no-op (setup.sh keeps a stamp).
+    bash "$ROOT/scripts/setup.sh" >&2 || die "set-up failed; see the pip output above"
+    PYTHON="$ROOT/.venv/bin/python"
 fi
 
 report="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.nsys-rep"
@@ -67,7 +72,7 @@ rm -f "$report" "$metrics"  # so a failed run never shows the previous run's res
 
 smoke=()
 if [[ $device == cpu ]]; then
-    smoke=(--model resnet20 --epochs 2 --dataset synthetic)
+    smoke=(--model resnet20 --epochs 2 --dataset synthetic --valid-size 1000)
     say "no GPU visible: CPU smoke configuration (${smoke[*]}); arguments you pass override it"
 fi
 # The smoke defaults come first so that argparse lets the caller's arguments win.

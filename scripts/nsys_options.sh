@@ -1,14 +1,17 @@
-# Options for `nsys profile`, sourced by scripts/launch.sh and the profiling tests
-# so that tests profile exactly what the lab runs (DESIGN.md §5).
+# Options for `nsys profile`, sourced by scripts/launch.sh and by the profiling tests, so
+# the tests profile exactly what the lab runs (DESIGN.md §5).
 #
-# CPU IP sampling and context-switch tracing are off. The analysis reads only
-# NVTX ranges and CUDA activity; sampling is most of a report's bulk and of the
-# intermediate .qdstrm in $TMPDIR (the unbounded default once wrote 2 GB for a
-# tiny script). Measured with nsys 2022.4 on a 2-process gloo CPU run of 14 s:
-#   defaults:                        report 1.9 MB, intermediate 107 MB
-#   --sample=none:                   report 1.2 MB, intermediate  20 MB
-#   --sample=none --cpuctxsw=none:   report 0.7 MB, intermediate  20 MB
-# Turn sampling back on by hand (--sample=process-tree) for a CPU hot-spot hunt.
+# CPU sampling and context-switch tracing are off:
+# - The analysis reads only NVTX ranges and CUDA activity.
+# - Sampling is most of a report's bulk and of the intermediate .qdstrm in $TMPDIR.
+#   A tiny script once wrote 2 GB with the defaults.
+# - Both features open perf events. After the application exited, nsys 2022.4's agent
+#   sometimes busy-polled those events forever, so the report was never written.
+#
+# Measured on a 2-rank CPU run of tests/test_launch.py's configuration:
+#   defaults  2.7 MB report, 150 MB intermediate
+#   these     1.0 MB report,  30 MB intermediate
+# docs/PROFILING.md has the details.
 NSYS_PROFILE_OPTS=(
     --trace=cuda,cublas,cudnn,nvtx,osrt
     --sample=none

@@ -171,7 +171,7 @@ def test_gpu_report_gives_kernel_time_idle_and_nccl_share(tmp_path):
     gpu = summary["ranks"][0]["gpu"]
     assert gpu["kernel_time_s"] == pytest.approx(0.6)
     assert gpu["idle_share"] == pytest.approx(1 - 0.55)  # copy 0-50 ms, kernels 100-600 ms overlap
-    assert gpu["nccl_share"] == pytest.approx(0.5)
+    assert gpu["nccl_share"] == pytest.approx(0.5) and gpu["nccl_time_s"] == pytest.approx(0.3)
     assert "gpu idle 45.0 %, nccl 50.0 %" in summary["one_line"]
 
 

@@ -22,8 +22,8 @@ class Config:
     num_gpu: int = 0  # devices (GPU runs) or worker processes (CPU runs), resolved
     data: str = "./data"
     dataset: str = "auto"
-    synthetic_train: int = 5000
-    synthetic_test: int = 1000
+    synthetic_train: int = 10000
+    synthetic_test: int = 2000
     ckpt: str = "./ckpt"
     save: str = "ckpt"
     resume: Optional[str] = None

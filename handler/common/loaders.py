@@ -67,9 +67,11 @@ class DeviceLoader:
             self.loader.sampler.set_epoch(epoch)
 
     def __iter__(self):
-        batches = iter(self.loader)
+        batches = None
         for _ in range(len(self.loader)):
             with nvtx_range("data"):
+                if batches is None:  # starting the workers is waiting for data too
+                    batches = iter(self.loader)
                 images, labels = next(batches)
             if self.copies:
                 with nvtx_range("h2d"):

@@ -84,7 +84,7 @@ def _gpu_stats(activity: list[GpuActivity], span: tuple[int, int] | None) -> dic
     if span and devices:
         busy = sum(_covered([(a.start, a.end) for a in activity if a.device == d], span) for d in devices)
         idle = 1 - busy / ((span[1] - span[0]) * len(devices))
-    return {"kernel_time_s": kernel_s, "kernels": len(kernels), "devices": devices,
+    return {"kernel_time_s": kernel_s, "nccl_time_s": nccl_s, "kernels": len(kernels), "devices": devices,
             "idle_share": idle, "nccl_share": _ratio(nccl_s, kernel_s)}
 
 
@@ -100,7 +100,8 @@ def _covered(intervals: list[tuple[int, int]], span: tuple[int, int]) -> int:
 
 
 def _overall(ranks: list[dict]) -> dict:
-    """All ranks pooled, for the one-line summary; epoch time is the first rank's mean."""
+    """All ranks pooled, for the one-line summary; epoch time is the first rank's mean and
+    GPU idle the mean over ranks (each rank has its own GPUs and span)."""
     batch_total = sum(r["batches"]["total_s"] for r in ranks)
     first = ranks[0]["epochs"]
     gpus = [r["gpu"] for r in ranks if r["gpu"]]
@@ -110,7 +111,7 @@ def _overall(ranks: list[dict]) -> dict:
                          for name in PHASES},
         "epoch_mean_s": _mean([e["time_s"] for e in first]),
         "gpu_idle_share": _mean([g["idle_share"] for g in gpus if g["idle_share"] is not None]),
-        "nccl_share": _mean([g["nccl_share"] for g in gpus if g["nccl_share"] is not None]),
+        "nccl_share": _ratio(sum(g["nccl_time_s"] for g in gpus), sum(g["kernel_time_s"] for g in gpus)),
     }
 
 

@@ -27,7 +27,8 @@ def nsys_version() -> str | None:
 
 
 def sqlite_export(report: Path, out_dir: Path) -> Path:
-    """The report as SQLite in out_dir; an export newer than the report is reused."""
+    """The report as SQLite in out_dir; an export newer than the report, there or next to
+    the report, is reused."""
     if not report.is_file():
         raise UserError(f"{report} does not exist; record one with scripts/launch.sh "
                         "or pass the path of an .nsys-rep file")
@@ -37,8 +38,9 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
         raise UserError(f"{report} is not an Nsight Systems report; pass the .nsys-rep "
                         "written by nsys profile (or its .sqlite export)")
     target = out_dir / f"{report.stem}.sqlite"
-    if target.is_file() and target.stat().st_mtime >= report.stat().st_mtime:
-        return target
+    for existing in (report.with_suffix(".sqlite"), target):
+        if existing.is_file() and existing.stat().st_mtime >= report.stat().st_mtime:
+            return existing
     out_dir.mkdir(parents=True, exist_ok=True)
     # Export under a temporary name so an interrupted export is never reused as fresh.
     partial = out_dir / f"{report.stem}.partial.sqlite"

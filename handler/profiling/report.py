@@ -21,7 +21,8 @@ from .trace import load_trace
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m handler.profiling.report", description=__doc__.split("\n")[0])
     parser.add_argument("report", type=Path, help=".nsys-rep from nsys profile (or its .sqlite export)")
-    parser.add_argument("--out", type=Path, help="folder for the summary and the SQLite export (default: next to the report)")
+    parser.add_argument("--out", type=Path,
+                        help="folder for the summary and the SQLite export (default: next to the report)")
     parser.add_argument("--metrics", type=Path, help="the run's metrics JSON, to compare epoch times")
     parser.add_argument("--brief", action="store_true", help="print only the one-line summary")
     return parser.parse_args(argv)
@@ -41,7 +42,8 @@ def main(argv=None) -> None:
     out_dir = args.out or args.report.parent
     metrics = load_metrics(args.metrics) if args.metrics else None
     analysis = summarize(load_trace(sqlite_export(args.report, out_dir)), metrics)
-    summary = {"report": str(args.report), "nsys": nsys_version(), "one_line": one_line(analysis), **analysis}
+    summary = {"report": str(args.report), "nsys_export_version": nsys_version(),
+               "one_line": one_line(analysis), **analysis}
     page = markdown(summary, args.report.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{args.report.stem}.summary.md").write_text(page)

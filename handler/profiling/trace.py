@@ -14,7 +14,8 @@ from handler.common.errors import UserError
 
 RANK_MARK = re.compile(r"rank (\d+)")
 EPOCH = re.compile(r"epoch (\d+)")
-GPU_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
+TRANSFERS = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class GpuActivity:
 class Trace:
     processes: tuple[Process, ...]  # sorted by rank
     rank_source: str  # "nvtx mark" or "pid order"
-    gpu: tuple[GpuActivity, ...] | None  # None: no CUDA activity traced (CPU-only run)
+    gpu: tuple[GpuActivity, ...] | None  # None: no CUDA activity recorded (CPU-only run)
 
 
 def _pid(global_id: int) -> int:
@@ -67,7 +68,7 @@ def load_trace(path: Path) -> Trace:
             events = db.execute(
                 "SELECT e.start, e.end, COALESCE(e.text, s.value), e.globalTid FROM NVTX_EVENTS e "
                 "LEFT JOIN StringIds s ON s.id = e.textId ORDER BY e.start").fetchall()
-            gpu = _gpu_activity(db, tables) if tables & set(GPU_TABLES) else None
+            gpu = _gpu_activity(db, tables) or None  # empty tables: a non-lazy export of a CPU run
     except sqlite3.DatabaseError as err:
         raise UserError(f"{path} is not an nsys SQLite export ({err}); pass the .nsys-rep instead")
     processes, source = _processes(events)
@@ -98,11 +99,10 @@ def _processes(events) -> tuple[tuple[Process, ...], str]:
 
 def _gpu_activity(db, tables) -> tuple[GpuActivity, ...]:
     rows = []
-    if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
-        rows += db.execute("SELECT k.globalPid, k.deviceId, k.start, k.end, s.value "
-                           "FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-                           "LEFT JOIN StringIds s ON s.id = k.shortName").fetchall()
-    for table in GPU_TABLES[1:]:
+    if KERNELS in tables:
+        rows += db.execute(f"SELECT k.globalPid, k.deviceId, k.start, k.end, COALESCE(s.value, '') "
+                           f"FROM {KERNELS} k LEFT JOIN StringIds s ON s.id = k.shortName").fetchall()
+    for table in TRANSFERS:
         if table in tables:
             rows += db.execute(f"SELECT globalPid, deviceId, start, end, NULL FROM {table}").fetchall()
     return tuple(GpuActivity(_pid(gpid), dev, start, end, name) for gpid, dev, start, end, name in rows)
