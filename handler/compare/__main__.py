@@ -3,14 +3,21 @@
     python -m handler.compare --modes dp,ddp --counts 1,2 -- --model resnet20 --epochs 2
     python -m handler.compare --cell ddp --cell "ddp:--amp bf16" --cell "nhwc=ddp:--channels-last"
 
-Runs every variant x count as its own scripts/launch.sh process and writes
-OUT/report.md, OUT/results.json and PNG plots. A failed cell is a row in the report,
-never the end of the matrix; the exit status is 1 when any cell failed. Ctrl-C stops
-the running cell and still writes the report of the finished ones.
+Every variant (a mode from --modes, or [LABEL=]MODE[:ARGS] from --cell) runs at every
+count as its own scripts/launch.sh process; arguments after -- and --extra go to
+train_cifar.py in every cell, a --cell's ARGS to its cells only. On CPU, launch.sh
+puts its smoke defaults (--model resnet20 --epochs 2 --dataset synthetic) first, so
+your arguments override them. The output folder gets report.md, results.json, PNG
+plots and one folder per cell with its logs, metrics and nsys report.
+
+A failed cell is a row of the report, never the end of the matrix; the exit status is
+1 when a cell failed. Ctrl-C (or SIGTERM) stops the running cell and still reports
+the finished ones.
 """
 import argparse
 import shlex
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,15 +32,17 @@ from .plots import write_plots
 from .provenance import provenance
 from .report import pct, status, write_report
 from .results import build_rows, dataset_description, recipe
-from .runner import run_cell, skipped
+from .runner import Outcome, run_cell, skipped
 
 PROG = "python -m handler.compare"
 
 
 def parse_args(argv):
     runner_argv, train_argv = _split_at_dashes(argv)
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0].split(": ", 1)[1],
-                                epilog="Arguments after -- go to train_cifar.py in every cell.")
+    p = argparse.ArgumentParser(prog=PROG, usage=f"{PROG} [options] [-- train_cifar.py args]",
+                                description=__doc__.splitlines()[0].split(":")[0] + ".",
+                                epilog="\n".join(__doc__.splitlines()[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", help=f"comma-separated modes, each run with no extra options "
                                    f"(default: {','.join(MODES)} unless --cell is given)")
     p.add_argument("--cell", action="append", default=[], metavar="[LABEL=]MODE[:ARGS]",
@@ -82,10 +91,18 @@ def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list)
     for cell in bar:
         bar.set_postfix_str(cell.name)
         reason = skip_reason(cell, gpus)
-        outcome = skipped(cell, reason) if reason else run_cell(
-            cell, out, profile=profile, train_args=args.train_args, timeout_s=args.timeout)
+        try:
+            outcome = skipped(cell, reason) if reason else run_cell(
+                cell, out, profile=profile, train_args=args.train_args, timeout_s=args.timeout)
+        except KeyboardInterrupt:
+            outcomes.append(Outcome(cell, "interrupted", error="stopped by Ctrl-C or SIGTERM"))
+            raise
         outcomes.append(outcome)
         bar.write(one_line(build_rows(outcomes)[-1]))
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM stops the matrix like Ctrl-C: the cell's processes too
 
 
 def main(argv=None) -> int:
@@ -102,6 +119,7 @@ def main(argv=None) -> int:
           f"{'profiled with nsys' if profile else 'not profiled'}, output in {out}", flush=True)
     prov = provenance(" ".join([PROG, *map(shlex.quote, argv)]))
     outcomes, interrupted = [], False
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         run_matrix(cells, out.resolve(), profile, args, gpus, outcomes)
     except KeyboardInterrupt:

@@ -94,7 +94,13 @@ def build_variants(modes_text, cell_specs, all_modes) -> list:
 
 
 def matrix(variants, counts) -> list:
-    return [Cell(v, n) for v in variants for n in counts]
+    cells = [Cell(v, n) for v in variants for n in counts]
+    slugs = [c.slug for c in cells]
+    for cell in cells:
+        if slugs.count(cell.slug) > 1:  # e.g. "--amp bf16" and "--amp=bf16"
+            raise UserError(f"two variants would share the folder {cell.slug!r}; name them apart "
+                            "with --cell 'LABEL=MODE:ARGS'")
+    return cells
 
 
 def skip_reason(cell: Cell, gpus: int) -> str:

@@ -56,7 +56,8 @@ def _grouped_bars(ax, rows, key: str, ylabel: str) -> None:
                         color="red" if row.status == "failed" else "grey")
     handles, names = ax.get_legend_handles_labels()
     unique = dict(zip(names, handles))  # one entry per variant, not per bar
-    ax.legend(unique.values(), unique.keys(), fontsize=8)
+    if unique:
+        ax.legend(unique.values(), unique.keys(), fontsize=8)
     ax.set_xticks(range(len(counts)), [str(c) for c in counts])
     ax.set_xlabel("processes / GPUs")
     ax.set_ylabel(ylabel)
@@ -81,7 +82,8 @@ def _scaling(rows):
         ax.set_xlabel("processes / GPUs")
         ax.set_ylabel(ylabel)
         ax.set_xticks(counts)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     eff.set_ylim(bottom=0)
     return fig
 

@@ -27,7 +27,7 @@ WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 @dataclass
 class Outcome:
     cell: Cell
-    status: str  # "ok", "failed" or "skipped"
+    status: str  # "ok", "failed", "skipped" or "interrupted"
     exit_code: Optional[int] = None
     error: str = ""
     metrics: Optional[dict] = None

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.<name> [--quick] [--json PATH]`; docs/RESULTS.md has the numbers."""

@@ -1,0 +1,98 @@
+"""DDP scaling on CPU: training throughput of 2 ranks x 1 thread against 1 rank.
+
+    python -m bench.ddp_scaling [--quick] [--json PATH]
+
+Three configurations train resnet20 with the loop's real step (_optimise) on fixed
+synthetic batches of one GLOBAL batch size, split over the ranks as train_cifar.py
+does, in real gloo process groups (handler/DDP/utils.py, model_to_DDP):
+  - 1 rank x 1 thread, 2 ranks x 1 thread each, 1 rank x 2 threads.
+Threads are set with OMP_NUM_THREADS, which initialize_group respects. Each
+measurement starts fresh processes, runs untimed warm-up steps, then times the
+steps between two barriers. Configurations take turns, round by round; the ratios
+are paired by round and their medians reported.
+"""
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import torch
+
+from bench.common import (alternate, check_target, context, emit, fixed_batches, free_port, make_step,
+                          parser, summary, table)
+from handler.common.loop import _optimise
+from handler.DDP.model import model_to_DDP
+from handler.DDP.utils import destroy_process, initialize_group, run_process
+from models import build_model
+
+FULL = dict(model="resnet20", batch=128, warmup=3, steps=12, rounds=5)
+QUICK = dict(model="resnet20", batch=8, warmup=1, steps=2, rounds=1)
+CONFIGS = {"1 rank x 1 thread": (1, 1), "2 ranks x 1 thread": (2, 1), "1 rank x 2 threads": (1, 2)}
+TARGETS = {"2 ranks x 1 thread": {"1 rank x 1 thread": 1.8, "1 rank x 2 threads": 1.15}}
+
+
+def worker(proc_id: int, world: int, threads: int, port: int, size: dict, out: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=120)
+    try:
+        torch.manual_seed(0)
+        model = model_to_DDP(build_model(size["model"], 10))
+        local = size["batch"] // world
+        batches = [(x[me.rank * local:(me.rank + 1) * local], y[me.rank * local:(me.rank + 1) * local])
+                   for x, y in fixed_batches(size["warmup"] + size["steps"], size["batch"])]
+        step = make_step(model, len(batches))
+        model.train()
+        for images, labels in batches[:size["warmup"]]:
+            _optimise(step, images, labels)
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        for images, labels in batches[size["warmup"]:]:
+            _optimise(step, images, labels)
+        torch.distributed.barrier()
+        elapsed = time.perf_counter() - start
+        if me.rank == 0:
+            Path(out).write_text(json.dumps({"images_per_s": size["steps"] * size["batch"] / elapsed,
+                                             "threads": torch.get_num_threads()}))
+    finally:
+        destroy_process()
+
+
+def measurement(world: int, threads: int, size: dict, folder: str):
+    def run() -> float:
+        out = os.path.join(folder, f"w{world}t{threads}.json")
+        run_process(worker, (world, threads, free_port(), size, out), nprocs=world)
+        result = json.loads(Path(out).read_text())
+        assert result["threads"] == threads, f"asked for {threads} threads, the rank used {result['threads']}"
+        return result["images_per_s"]
+    return run
+
+
+def main(argv=None) -> dict:
+    args = parser(__doc__).parse_args(argv)
+    started = context("ddp_scaling")
+    size = QUICK if args.quick else FULL
+    with tempfile.TemporaryDirectory(prefix="bench-ddp-") as folder:
+        rates = alternate({name: measurement(w, t, size, folder) for name, (w, t) in CONFIGS.items()},
+                          size["rounds"])
+    ratios, targets = {}, {}
+    for name, bases in TARGETS.items():
+        for base, target in bases.items():
+            key = f"{name} / {base}"
+            ratios[key] = median(a / b for a, b in zip(rates[name], rates[base]))
+            targets[key] = check_target(ratios[key], target)
+    results = {**size, "cores": os.cpu_count(),
+               "images_per_s": {name: summary(samples) for name, samples in rates.items()},
+               "ratios": ratios, "targets": targets}
+    text = (f"{size['model']}, global batch {size['batch']}, {size['steps']} timed steps, "
+            f"{size['rounds']} round(s), gloo on {os.cpu_count()} cores\n"
+            + table(["configuration", "images/s", "min", "max"],
+                    [(n, s["median"], s["min"], s["max"]) for n, s in results["images_per_s"].items()])
+            + "\n" + "\n".join(f"{k}: {t['value']:.2f}  target >= {t['target']}  {'met' if t['met'] else 'MISSED'}"
+                               for k, t in targets.items()))
+    return emit("ddp_scaling", results, args, text, started)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Each bench/ script runs in --quick mode and writes its JSON; values are sane, never timed."""
+import json
+import math
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+
+def run_bench(name, tmp_path) -> dict:
+    out = tmp_path / f"{name}.json"
+    run = run_cli(["--quick", "--json", out], cmd=[sys.executable, "-m", f"bench.{name}"], cwd=ROOT, timeout=240)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["bench"] == name and data["quick"] is True
+    assert data["context"]["hardware"]["cores"] >= 1 and data["context"]["versions"]["torch"]
+    return data
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def rates_are_sane(rates: dict) -> None:
+    for name, stats in rates.items():
+        assert stats["samples"] and all(positive(s) for s in stats["samples"]), name
+        assert stats["min"] <= stats["median"] <= stats["max"], name
+
+
+def test_loaders_bench_rates_every_loader_and_the_dali_ratio(tmp_path):
+    data = run_bench("loaders", tmp_path)
+    rates = data["images_per_s"]
+    assert {"torchvision w0", "torchvision w2", "dali-cpu raw t2", "dali-cpu jpeg t2"} <= set(rates)
+    rates_are_sane(rates)
+    assert all(positive(r) for r in data["dali_cpu_vs_torchvision"].values())
+    assert positive(data["target"]["value"]) and data["target"]["target"] == 4.0
+
+
+def test_overhead_bench_compares_the_harness_loop_to_a_bare_loop(tmp_path):
+    data = run_bench("overhead", tmp_path)
+    assert set(data["images_per_s"]) == {"harness (ddp, world 1)", "loop, unwrapped", "bare"}
+    rates_are_sane(data["images_per_s"])
+    assert data["nvtx_active"] is True
+    assert data["ratio_to_bare"]["bare"] == pytest.approx(1.0)
+    assert positive(data["target"]["value"])
+
+
+def test_ddp_scaling_bench_measures_all_three_configurations(tmp_path):
+    data = run_bench("ddp_scaling", tmp_path)
+    assert set(data["images_per_s"]) == {"1 rank x 1 thread", "2 ranks x 1 thread", "1 rank x 2 threads"}
+    rates_are_sane(data["images_per_s"])
+    assert set(data["targets"]) == {"2 ranks x 1 thread / 1 rank x 1 thread",
+                                    "2 ranks x 1 thread / 1 rank x 2 threads"}
+    assert all(positive(t["value"]) for t in data["targets"].values())
+
+
+def test_gpu_bench_skips_cleanly_without_cuda_or_times_both_modes(tmp_path):
+    data = run_bench("gpu", tmp_path)
+    if "skipped" in data:
+        assert data["skipped"].startswith("skip: bench.gpu needs a CUDA GPU")
+    else:
+        assert set(data["epoch_s"]) == {"ddp", "ddp_dali"}
+        assert all(positive(t) for t in data["epoch_s"].values())
