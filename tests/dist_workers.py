@@ -3,6 +3,7 @@ import dataclasses
 import os
 
 import torch
+import torch.distributed
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -57,5 +58,6 @@ def ddp_worker(proc_id, world, port, steps, batch, accum_steps, out_dir, wrap="d
         full = get_model_state_dict(raw, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if me.rank == 0:
             torch.save(full, os.path.join(out_dir, f"{wrap}.pt"))
+        torch.distributed.barrier()  # both ranks done with the group before either tears it down
     finally:
         destroy_process()

@@ -2,7 +2,7 @@
 import dataclasses
 import os
 
-from ..common import rank0
+from ..common import dist, rank0
 from ..common.config import validate
 from ..common.dataset import data_lock, prepare_dataset
 from ..common.errors import one_line_errors
@@ -27,6 +27,7 @@ def worker(proc_id: int, cfg, strategy) -> None:
             cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))
             validate(cfg)  # torchrun may have chosen a world size the command line did not
             fit(cfg, strategy)
+            dist.barrier()  # no rank tears the group down while a peer still uses it
         finally:
             destroy_process()
 
