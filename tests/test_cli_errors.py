@@ -25,6 +25,7 @@ def fails_with_one_line(argv, capsys):
     (["--num_gpu", "0"], "--num_gpu 0 is not a positive count"),
     (["--num-gpu", "-2"], "--num_gpu -2 is not a positive count"),
     (["--num_gpu", "3", "--batch-size", "64"], "--batch-size 64 is the global batch and must split evenly over 3"),
+    (["--num_gpu", "2", "--batch-size", "2"], "gives 1 image per process; BatchNorm needs at least 2"),
     (["--model", "vgg"], "--model 'vgg' is unknown"),
     (["--epochs", "0"], "--epochs 0"),
     (["--cutout", "40"], "--cutout 40"),
