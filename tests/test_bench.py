@@ -7,10 +7,14 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 
+# One thread per process: quicker on a busy 2-core machine, and these tests time nothing.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
 
 def run_bench(name, tmp_path) -> dict:
     out = tmp_path / f"{name}.json"
-    run = run_cli(["--quick", "--json", out], cmd=[sys.executable, "-m", f"bench.{name}"], cwd=ROOT, timeout=240)
+    run = run_cli(["--quick", "--json", out], cmd=[sys.executable, "-m", f"bench.{name}"], cwd=ROOT,
+                  env=ONE_THREAD, timeout=240)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["bench"] == name and data["quick"] is True

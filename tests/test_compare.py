@@ -24,7 +24,7 @@ def compared(tmp_path_factory):
     out = tmp / "report"
     run = run_cli(["--modes", "dp,ddp", "--counts", "1,2", "--cell", "bad=ddp:--amp nope", "--profile", "0",
                    "--out", out, "--", *TINY, "--data", tmp / "data"],
-                  cmd=[sys.executable, "-m", "handler.compare"], cwd=ROOT, timeout=300)
+                  cmd=[sys.executable, "-m", "handler.compare"], cwd=ROOT, env={"OMP_NUM_THREADS": "1"}, timeout=300)
     return run, out, json.loads((out / "results.json").read_text())
 
 

@@ -1,4 +1,6 @@
 """Torch DataLoaders sharded with DistributedSampler (also used by DP with one replica)."""
+import sys
+
 import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -13,6 +15,11 @@ def get_DDP_loader(cfg, splits) -> Loaders:
     device = torch.device(cfg.device)
     common = dict(batch_size=cfg.local_batch, num_workers=cfg.workers,
                   pin_memory=device.type == "cuda", worker_init_fn=seed_worker)
+    if cfg.workers and sys.platform == "linux":
+        # Ranks started by mp.spawn would spawn their workers too, re-importing torch every
+        # epoch (workers are not persistent, so resumed runs replay augmentation exactly).
+        # Forked workers start at once; they never touch CUDA.
+        common["multiprocessing_context"] = "fork"
 
     train_set = ArrayDataset(splits.train, train_transform(cfg.cutout))
     sampler = DistributedSampler(train_set, num_replicas=cfg.world_size, rank=cfg.rank,

@@ -21,7 +21,7 @@ def write_plots(rows, out: Path) -> dict:
     }
     written = {}
     for title, (name, draw) in figures.items():
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = plt.subplots(figsize=(8, 4))
         draw(ax)
         ax.set_title(title)
         _save(fig, out / name)
@@ -57,7 +57,7 @@ def _grouped_bars(ax, rows, key: str, ylabel: str) -> None:
     handles, names = ax.get_legend_handles_labels()
     unique = dict(zip(names, handles))  # one entry per variant, not per bar
     if unique:
-        ax.legend(unique.values(), unique.keys(), fontsize=8)
+        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_xticks(range(len(counts)), [str(c) for c in counts])
     ax.set_xlabel("processes / GPUs")
     ax.set_ylabel(ylabel)

@@ -2,7 +2,7 @@
 import json
 from pathlib import Path
 
-from . import provenance as prov_md
+from .provenance import markdown as provenance_lines
 from .results import SHARES
 
 NA = "—"
@@ -58,7 +58,7 @@ def markdown(rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled
              "## Results", "", *results_table(rows), ""]
     lines += [f"### {title}\n\n![{title}]({name})\n" for title, name in plots.items()]
     lines += ["## Provenance", "",
-              *prov_md.markdown(prov, {"dataset": dataset, "timing": timing,
+              *provenance_lines(prov, {"dataset": dataset, "timing": timing,
                                        "cells": f"{len(rows)} ({sum(r.status == 'ok' for r in rows)} ok)"}),
               "", "## Reproduce one cell", "",
               "Each cell's logs, metrics JSON (and nsys report) are in its folder.", "",
