@@ -1,5 +1,4 @@
 """Worker functions for tests that start real gloo process groups (importable by spawn)."""
-import dataclasses
 import os
 
 import torch

@@ -1,5 +1,4 @@
 """DDP is the same optimisation as one process: gradients, sharding and evaluation."""
-import dataclasses
 import socket
 
 import numpy as np

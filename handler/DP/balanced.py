@@ -1,6 +1,5 @@
 """Balanced DataParallel: each replica computes its own loss, so GPU 0 gathers two
 numbers per replica instead of every replica's logits."""
-import torch
 import torch.nn.functional as F
 from torch import nn
 

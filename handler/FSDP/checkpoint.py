@@ -7,6 +7,7 @@ go: a kill at any moment leaves last.pt naming a complete folder.
 import os
 import shutil
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -20,7 +21,6 @@ class ShardedState:
         folder = os.path.join(cfg.ckpt, PREFIX + tag)
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
-        self._ckpt_dir = cfg.ckpt
         return {"shards": os.path.basename(folder)}
 
     def restore(self, ckpt: dict, path: str, model, optimizer) -> None:
@@ -32,15 +32,14 @@ class ShardedState:
         dcp.load(state, checkpoint_id=os.path.join(os.path.dirname(os.path.abspath(path)), ckpt["shards"]))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
-    def keep(self, last: dict, best) -> None:
-        """Rank 0, after last.pt/best.pt are written: drop folders neither names."""
+    def keep(self, folder: str, last: dict, best) -> None:
+        """Rank 0, after last.pt/best.pt are written: drop shard folders neither names."""
         wanted = {last["shards"]}
-        best_file = os.path.join(self._ckpt_dir, "best.pt")
+        best_file = os.path.join(folder, "best.pt")
         if best is not None:
             wanted.add(best["shards"])
         elif os.path.exists(best_file):
-            import torch
             wanted.add(torch.load(best_file, weights_only=True).get("shards"))
-        for name in os.listdir(self._ckpt_dir):
+        for name in os.listdir(folder):
             if name.startswith(PREFIX) and name not in wanted:
-                shutil.rmtree(os.path.join(self._ckpt_dir, name), ignore_errors=True)
+                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)

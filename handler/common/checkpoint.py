@@ -41,7 +41,7 @@ class PlainState:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
 
-    def keep(self, last: dict, best: dict) -> None:
+    def keep(self, folder: str, last: dict, best) -> None:
         """Nothing lives outside the checkpoint files."""
 
 

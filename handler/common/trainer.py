@@ -187,4 +187,4 @@ def _save(cfg, state, *, raw, optimizer, scheduler, scaler, epochs_done, step, b
         save_atomic(ckpt, os.path.join(cfg.ckpt, "last.pt"))
         if improved:
             save_atomic(ckpt, os.path.join(cfg.ckpt, "best.pt"))
-        state.keep(last=captured, best=captured if improved else None)
+        state.keep(cfg.ckpt, last=captured, best=captured if improved else None)
