@@ -75,6 +75,16 @@ def test_plots_are_real_png_images(compared):
             assert high - low > 100  # drawn on, not a blank canvas
 
 
+def test_without_nsys_phase_shares_come_from_the_loops_timers(compared):
+    _, out, results = compared
+    done = [c for c in results["cells"] if c["status"] == "ok"]
+    assert all(c["phase_source"] == "loop timers" for c in done)
+    for cell in done:
+        assert cell["phases"]["forward"] > 0 and cell["phases"]["backward"] > 0
+        assert sum(cell["phases"].values()) == pytest.approx(1.0)
+    assert "(loop timers)" in (out / "report.md").read_text()
+
+
 def test_report_carries_provenance(compared):
     _, out, results = compared
     report = (out / "report.md").read_text()

@@ -2,6 +2,7 @@
 import pytest
 
 from tests.conftest import N_TEST, SMALL, read_metrics, run_cli
+from handler.common.phases import LOOP_PHASES
 
 EPOCH_KEYS = {"epoch", "time_s", "train_samples", "train_loss", "train_acc", "images_per_s",
               "data_wait_s", "val_loss", "val_acc", "val_samples"}
@@ -31,6 +32,10 @@ def test_mode_trains_two_epochs_writes_metrics_and_learns(mode, procs, data_root
         assert 0 <= e["train_acc"] <= 1 and 0 <= e["val_acc"] <= 1
         assert e["val_samples"] == 100
         assert e["train_samples"] >= 1101  # every training image at least once
+        phases = e["phase_s"]  # the loop's own timers, for phase shares without nsys
+        assert set(phases) == set(LOOP_PHASES) and min(phases.values()) >= 0
+        assert phases["forward"] > 0 and phases["backward"] > 0 and phases["optimizer"] > 0
+        assert 0.5 * e["time_s"] < sum(phases.values()) <= e["time_s"]
     assert m["test"]["samples"] == N_TEST
     assert m["test"]["acc"] > 0.3, "well above the 0.1 of chance"
     assert m["epochs"][1]["train_loss"] < m["epochs"][0]["train_loss"]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from . import dist
 from .model_options import cross_entropy
 from .nvtx import nvtx_range
+from .phases import PhaseTimer, no_timer
 
 
 def sync(device: torch.device) -> None:
@@ -53,6 +54,7 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
     loader.set_epoch(epoch)
     totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
     wait, stopped_at = 0.0, None
+    timer = PhaseTimer(device)
     batches = iter(loader)
     for _ in range(start_step):
         next(batches)
@@ -66,19 +68,21 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
                 break
             with nvtx_range(f"batch {i}"):
                 t = time.perf_counter()
-                images, labels = next(batches)
+                with timer("data"):
+                    images, labels = next(batches)
                 wait += time.perf_counter() - t
                 if step.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
-                totals += _optimise(step, images, labels)
+                totals += _optimise(step, images, labels, timer)
             bar.update(1)
     sync(device)
     elapsed = time.perf_counter() - start
     dist.all_reduce_sum(totals)
-    return {"time_s": elapsed, "data_wait_s": wait, "stopped_at": stopped_at, **_summarise(totals)}
+    return {"time_s": elapsed, "data_wait_s": wait, "phase_s": timer.seconds(), "stopped_at": stopped_at,
+            **_summarise(totals)}
 
 
-def _optimise(step: Step, images, labels) -> torch.Tensor:
+def _optimise(step: Step, images, labels, timer=no_timer) -> torch.Tensor:
     """Forward/backward over the micro-batches, then one optimizer step.
 
     Only the last micro-batch's backward all-reduces (DDP no_sync on the others), and
@@ -93,13 +97,13 @@ def _optimise(step: Step, images, labels) -> torch.Tensor:
     for j, (x, y) in enumerate(parts):
         # DDP decides in forward whether the coming backward all-reduces.
         with no_sync() if j < len(parts) - 1 else nullcontext():
-            with nvtx_range("forward"), step.autocast():
+            with nvtx_range("forward"), timer("forward"), step.autocast():
                 loss, right = step.criterion(step.model, x, y)
-            with nvtx_range("backward"):
+            with nvtx_range("backward"), timer("backward"):
                 step.scaler.scale(loss * (y.shape[0] / n)).backward()
         loss_sum += loss.detach().double() * y.shape[0]
         correct += right
-    with nvtx_range("optimizer"):
+    with nvtx_range("optimizer"), timer("optimizer"):
         step.scaler.step(step.optimizer)
         step.scaler.update()
         step.optimizer.zero_grad(set_to_none=True)

@@ -146,7 +146,7 @@ def _epoch_record(epoch, train, val, first_step) -> dict:
     record = {"epoch": epoch, "time_s": train["time_s"], "train_samples": train["samples"],
               "train_loss": train["loss"], "train_acc": train["acc"],
               "images_per_s": train["samples"] / train["time_s"], "data_wait_s": train["data_wait_s"],
-              "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
+              "phase_s": train["phase_s"], "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
     if first_step:
         record["resumed_at_step"] = first_step  # the epoch's sums cover only the steps after it
     return record
