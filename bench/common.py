@@ -17,6 +17,7 @@ BUSY_LOAD = 1.5  # a 1-minute load average above this at the start: other jobs a
 if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench.x`
     sys.path.insert(0, str(ROOT))
 
+from handler.common.cpu_memory import keep_freed_memory  # noqa: E402
 from handler.compare.provenance import hardware, now, versions  # noqa: E402
 
 
@@ -70,8 +71,9 @@ def _fmt(value) -> str:
 
 def context(name: str) -> dict:
     """Hardware, versions, date, command and machine load, taken when a benchmark starts:
-    a number without them cannot be compared. Other jobs on the machine show in the load."""
-    return {"date": now(), "hardware": hardware(), "versions": versions(),
+    a number without them cannot be compared. Other jobs on the machine show in the load.
+    The allocator gets the trainer's CPU setting (handler/common/cpu_memory.py)."""
+    return {"date": now(), "hardware": hardware(), "versions": versions(), "cpu_allocator": keep_freed_memory(),
             "command": " ".join(["python -m", f"bench.{name}", *sys.argv[1:]]),
             "load_average_before": list(os.getloadavg())}
 

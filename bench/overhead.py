@@ -136,7 +136,6 @@ def main(argv=None) -> dict:
                "images_per_s": {name: summary(samples) for name, samples in rates.items()},
                "ratio_to_bare": {name: median(r) for name, r in paired.items()},
                "page_faults_per_step": {name: median(f) / size["steps"] for name, f in faults.items()},
-               "allocator_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "LD_PRELOAD"},
                "target": check_target(headline, TARGET)}
     rows = [(name, s["median"], s["min"], s["max"], results["ratio_to_bare"][name],
              int(results["page_faults_per_step"][name])) for name, s in results["images_per_s"].items()]

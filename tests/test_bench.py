@@ -50,13 +50,15 @@ def test_overhead_bench_compares_the_harness_loop_to_a_bare_loop(tmp_path):
     assert positive(data["target"]["value"])
 
 
-def test_ddp_scaling_bench_measures_all_three_configurations(tmp_path):
+def test_ddp_scaling_bench_measures_three_configurations_and_the_no_allreduce_ceiling(tmp_path):
     data = run_bench("ddp_scaling", tmp_path)
-    assert set(data["images_per_s"]) == {"1 rank x 1 thread", "2 ranks x 1 thread", "1 rank x 2 threads"}
+    assert set(data["images_per_s"]) == {"1 rank x 1 thread", "2 ranks x 1 thread", "1 rank x 2 threads",
+                                         "2 ranks x 1 thread, no all-reduce"}
     rates_are_sane(data["images_per_s"])
     assert set(data["targets"]) == {"2 ranks x 1 thread / 1 rank x 1 thread",
                                     "2 ranks x 1 thread / 1 rank x 2 threads"}
     assert all(positive(t["value"]) for t in data["targets"].values())
+    assert positive(data["ratios"]["2 ranks x 1 thread, no all-reduce / 1 rank x 2 threads"])
 
 
 def test_gpu_bench_skips_cleanly_without_cuda_or_times_both_modes(tmp_path):

@@ -6,6 +6,7 @@ import platform
 
 import torch
 
+from . import cpu_memory
 
 def environment(cfg, notes) -> dict:
     import torchvision
@@ -17,7 +18,8 @@ def environment(cfg, notes) -> dict:
             "torch": torch.__version__, "torchvision": torchvision.__version__,
             "dali": _dali_version(), "nsys": os.environ.get("HARNESS_NSYS") or None,
             "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "notes": list(notes),
+            "torch_threads": torch.get_num_threads(), "cpu_allocator": cpu_memory.setting(),
+            "notes": list(notes),
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
