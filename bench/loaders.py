@@ -6,7 +6,7 @@ Every loader reads the same CIFAR-sized synthetic training split (50,000 images;
 with --quick) with the same augmentation (pad-4 random crop + flip, no cutout) and
 batch size 256, as one rank of world size 1:
   - torchvision: get_DDP_loader, the ddp mode's loader, with 0 and 2 workers;
-  - DALI on CPU with 2 threads, once per data source it supports (raw, jpeg);
+  - DALI on CPU with 2 threads, once per data source it supports (memory, raw, jpeg);
   - DALI on the GPU, when CUDA is usable.
 Each loader runs one untimed warm-up pass, then the loaders take turns, one timed
 pass each per round; rates are medians over rounds. As in the training loop's epoch

@@ -80,10 +80,11 @@ def passes(loaders, epochs=2):
         yield seen, counts
 
 
+@pytest.mark.parametrize("source", ["memory", "raw"])
 @pytest.mark.parametrize("world, n", [(2, 101), (3, 100)])  # neither divides by world * 8
-def test_training_shards_cover_the_split_with_equal_batch_counts(tmp_path, world, n):
+def test_training_shards_cover_the_split_with_equal_batch_counts(tmp_path, world, n, source):
     data = splits(identity_images(n))
-    loaders = [get_DALI_loader(config(tmp_path, world, rank), data).train for rank in range(world)]
+    loaders = [get_DALI_loader(config(tmp_path, world, rank), data, source=source).train for rank in range(world)]
     for seen, counts in passes(loaders):
         assert len(set(counts)) == 1, f"ranks ran {counts} batches: DDP would hang"
         assert set(seen) == set(range(n))
@@ -92,18 +93,20 @@ def test_training_shards_cover_the_split_with_equal_batch_counts(tmp_path, world
 
 # Unpadded, DALI's shards would hold 48/49 and 16/16/17 images: 6 vs 7 and 2 vs 3 batches of 8.
 # Padded, each rank holds 8k+1 images and drops the one-image batch, as the DDP loader does.
+@pytest.mark.parametrize("source", ["memory", "raw"])
 @pytest.mark.parametrize("world, n", [(2, 97), (3, 49)])
-def test_shards_that_differ_by_one_still_give_equal_full_batches(tmp_path, world, n):
+def test_shards_that_differ_by_one_still_give_equal_full_batches(tmp_path, world, n, source):
     data = splits(identity_images(n))
-    loaders = [get_DALI_loader(config(tmp_path, world, rank), data).train for rank in range(world)]
+    loaders = [get_DALI_loader(config(tmp_path, world, rank), data, source=source).train for rank in range(world)]
     for seen, counts in passes(loaders):
         assert len(set(counts)) == 1, f"ranks ran {counts} batches: DDP would hang"
         assert len(seen) == counts[0] * 8 * world and len(set(seen)) >= n - world
 
 
-def test_an_epoch_rebuilt_after_a_restart_replays_the_same_batches(tmp_path):
+@pytest.mark.parametrize("source", ["memory", "raw"])
+def test_an_epoch_rebuilt_after_a_restart_replays_the_same_batches(tmp_path, source):
     data = splits(identity_images(60))
-    original, restarted = (get_DALI_loader(config(tmp_path, cutout=8), data).train for _ in range(2))
+    original, restarted = (get_DALI_loader(config(tmp_path, cutout=8), data, source=source).train for _ in range(2))
     for epoch in range(2):
         run_pass(original, epoch)
     original.set_epoch(2)
@@ -113,13 +116,14 @@ def test_an_epoch_rebuilt_after_a_restart_replays_the_same_batches(tmp_path):
     assert run_pass(original, 2) == run_pass(restarted, 2) != run_pass(restarted, 1)
 
 
+@pytest.mark.parametrize("source", ["memory", "raw"])
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_evaluation_yields_every_test_image_exactly_once(tmp_path, world):
+def test_evaluation_yields_every_test_image_exactly_once(tmp_path, world, source):
     n = 50  # not divisible by world * local batch (8, 16, 24)
     data = splits(identity_images(60), test=identity_images(n))
     seen = []
     for rank in range(world):
-        loader = get_DALI_loader(config(tmp_path, world, rank), data).test
+        loader = get_DALI_loader(config(tmp_path, world, rank), data, source=source).test
         for epoch in range(2):
             ids, _, _, batches = run_pass(loader, epoch)
             assert batches == len(loader)
@@ -127,13 +131,13 @@ def test_evaluation_yields_every_test_image_exactly_once(tmp_path, world):
     assert sorted(seen) == list(range(n))
 
 
-@pytest.mark.parametrize("source", ["raw", "jpeg"])
+@pytest.mark.parametrize("source", ["memory", "raw", "jpeg"])
 def test_labels_stay_aligned_with_images(tmp_path, source):
     loaders = get_DALI_loader(config(tmp_path), splits(identity_images(120)), source=source)
     for loader in (loaders.train, loaders.test):
         ids, pixel_labels, labels, _ = run_pass(loader)
         assert labels == pixel_labels
-        if source == "raw":  # lossless, so the index survives too
+        if source != "jpeg":  # lossless, so the index survives too
             assert labels == [i % 10 for i in ids]
 
 
@@ -145,9 +149,10 @@ def probe_images(n):
     return images, np.zeros(n, np.int64)
 
 
-def test_crop_shifts_span_minus4_to_4_and_half_the_images_flip(tmp_path):
+@pytest.mark.parametrize("source", ["memory", "raw"])
+def test_crop_shifts_span_minus4_to_4_and_half_the_images_flip(tmp_path, source):
     n = 512
-    loader = get_DALI_loader(config(tmp_path, local_batch=64), splits(probe_images(n))).train
+    loader = get_DALI_loader(config(tmp_path, local_batch=64), splits(probe_images(n)), source=source).train
     shifts, flips = [], 0
     for images, _ in loader:
         for image in pixels(images).round():
@@ -168,11 +173,12 @@ def test_crop_shifts_span_minus4_to_4_and_half_the_images_flip(tmp_path):
     assert abs(flips - n / 2) < 60  # binomial sd ~11
 
 
-def test_cutout_zeroes_one_square_centred_on_a_uniform_pixel(tmp_path):
+@pytest.mark.parametrize("source", ["memory", "raw"])
+def test_cutout_zeroes_one_square_centred_on_a_uniform_pixel(tmp_path, source):
     size, n = 8, 256
     images = np.full((n, 32, 32, 3), GREY, np.uint8)  # normalised grey is nonzero in every channel
     loader = get_DALI_loader(config(tmp_path, local_batch=64, cutout=size),
-                             splits((images, np.zeros(n, np.int64)))).train
+                             splits((images, np.zeros(n, np.int64))), source=source).train
     full, clipped = 0, {"top": 0, "bottom": 0, "left": 0, "right": 0}
     for batch, _ in loader:
         for image in batch:
@@ -196,7 +202,7 @@ def test_cutout_zeroes_one_square_centred_on_a_uniform_pixel(tmp_path):
 def test_evaluation_equals_the_torchvision_eval_transform(tmp_path):
     images, labels = make_images(40, np.random.default_rng(0))
     reference = torch.stack([eval_transform()(Image.fromarray(im)) for im in images])
-    for source, tolerance in (("raw", 1e-5), ("jpeg", None)):
+    for source, tolerance in (("memory", 1e-5), ("raw", 1e-5), ("jpeg", None)):
         out = torch.cat([x for x, _ in get_DALI_loader(config(tmp_path), splits((images, labels)),
                                                          source=source).test])
         if tolerance:
@@ -231,7 +237,7 @@ def test_a_failed_build_leaves_no_cache_behind(tmp_path, monkeypatch):
 
 
 def test_unknown_source_and_missing_dali_are_one_line_user_errors(monkeypatch):
-    with pytest.raises(UserError, match="raw, jpeg"):
+    with pytest.raises(UserError, match="memory, raw, jpeg"):
         resolve_source("png")
     monkeypatch.setitem(__import__("sys").modules, "nvidia.dali", None)
     with pytest.raises(UserError, match="pip install nvidia-dali"):
@@ -242,7 +248,7 @@ def test_unknown_source_and_missing_dali_are_one_line_user_errors(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(cuda_status()[0] == 0, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("source", ["raw", "jpeg"])
+@pytest.mark.parametrize("source", ["memory", "raw", "jpeg"])
 def test_gpu_pipeline_matches_the_cpu_pipeline(tmp_path, source):
     images, labels = make_images(40, np.random.default_rng(0))
     outputs = []

@@ -16,56 +16,121 @@ READER = "Reader"
 
 
 class CifarPipeline(Pipeline):
-    """Reads this rank's shard of `files` and yields (CHW float images, labels).
+    """This rank's shard of one split as (CHW float images, labels).
 
-    `train` adds the torchvision augmentation: a 32-pixel crop of the image padded
-    by 4 on every side, a horizontal flip with p=0.5, then cutout after
-    normalisation. Otherwise the pipeline only normalises, deterministically.
-    `decode` says the files are JPEGs; without it they are raw HWC uint8 bytes.
-    `epoch` enters the seed, so one epoch's pass can be rebuilt exactly.
+    `source` is where the pixels come from:
+      - "memory": the uint8 NHWC array in this process (`images`), fed batch by batch
+        through external_source (a BatchFeed);
+      - "raw" / "jpeg": one file per image (`images` holds the paths), read by DALI's
+        file reader; "jpeg" decodes, on the GPU ("mixed") when there is one.
+    `train` adds the torchvision augmentation: a 32-pixel crop of the image padded by 4
+    on every side, a horizontal flip with p=0.5, then cutout after normalisation.
+    Otherwise the pipeline only normalises, deterministically. `epoch` enters every
+    seed, so one epoch's pass can be rebuilt exactly.
     """
 
-    def __init__(self, cfg, files, labels, *, train: bool, decode: bool, epoch: int = 0):
+    def __init__(self, cfg, images, labels, order, *, source: str, train: bool, epoch: int = 0,
+                 drop_last: bool = False):
         gpu = cfg.use_cuda
-        seed = np.random.SeedSequence([cfg.seed, cfg.rank, epoch]).generate_state(1)[0]
+        seed = int(np.random.SeedSequence([cfg.seed, cfg.rank, epoch]).generate_state(1)[0])
         super().__init__(batch_size=cfg.local_batch, num_threads=max(1, cfg.workers),
-                         device_id=cfg.local_rank if gpu else None, seed=int(seed))
+                         device_id=cfg.local_rank if gpu else None, seed=seed)
+        # `order` lists the split's samples for this pass; each rank takes its block of it.
+        self.reader_name = None if source == "memory" else READER
         with self:
-            # Each rank keeps its shard: DALI's shards may differ by one image, and a
-            # rank's len() must not change from pass to pass.
-            data, label = fn.readers.file(
-                files=[str(f) for f in files], labels=[int(y) for y in labels], name=READER,
-                shard_id=cfg.rank, num_shards=cfg.world_size, stick_to_shard=True,
-                random_shuffle=train, pad_last_batch=True)
-            if decode:
-                images = fn.decoders.image(data, device="mixed" if gpu else "cpu", output_type=types.RGB)
+            if source == "memory":
+                lo, hi = shard_bounds(len(order), cfg.rank, cfg.world_size)
+                feed = BatchFeed(images, labels, order[lo:hi], cfg.local_batch, train=train, seed=seed,
+                                 drop_last=drop_last)
+                padded, label, pos_x, pos_y, mirror = fn.external_source(
+                    feed, num_outputs=5, batch=True, batch_info=True, layout=["HWC", "", "", "", ""])
+                padded = padded.gpu() if gpu else padded
+                # One fused op crops, flips and normalises: per-sample operator overhead,
+                # not arithmetic, dominates on 32x32 images.
+                images = _normalise(padded, crop=(SIZE, SIZE), crop_pos_x=pos_x, crop_pos_y=pos_y, mirror=mirror)
             else:
-                images = fn.reshape(data, shape=[SIZE, SIZE, 3], layout="HWC")
-                images = images.gpu() if gpu else images
-            self.set_outputs(_transform(images, train, cfg.cutout), label.gpu() if gpu else label)
+                images, label = self._read(cfg, images[order], labels[order], decode=source == "jpeg", train=train)
+                images = _augment_read(images) if train else _normalise(images)
+            if train and cfg.cutout:
+                images = _cutout(images, cfg.cutout)
+            self.set_outputs(images, label.gpu() if gpu else label)
+
+    @staticmethod
+    def _read(cfg, files, labels, *, decode: bool, train: bool):
+        # Each rank keeps its shard: DALI's shards may differ by one image, and a
+        # rank's len() must not change from pass to pass.
+        data, label = fn.readers.file(
+            files=[str(f) for f in files], labels=[int(y) for y in labels], name=READER,
+            shard_id=cfg.rank, num_shards=cfg.world_size, stick_to_shard=True,
+            random_shuffle=train, pad_last_batch=True)
+        if decode:
+            images = fn.decoders.image(data, device="mixed" if cfg.use_cuda else "cpu", output_type=types.RGB)
+        else:
+            images = fn.reshape(data, shape=[SIZE, SIZE, 3], layout="HWC")
+            images = images.gpu() if cfg.use_cuda else images
+        return images, label
 
 
-def _transform(images, train: bool, cutout: int):
-    mirror = 0
-    if train:
-        # An anchor in [-PAD, PAD] with zero fill is RandomCrop(32, padding=PAD) exactly.
-        shift = fn.random.uniform(values=list(range(-PAD, PAD + 1)), shape=2, dtype=types.INT32)
-        images = fn.slice(images, shift, np.array([SIZE, SIZE], dtype=np.int32),
-                          axis_names="HW", out_of_bounds_policy="pad", fill_values=0)
-        mirror = fn.random.coin_flip(probability=0.5)
-    images = fn.crop_mirror_normalize(images, mirror=mirror, dtype=types.FLOAT, output_layout="CHW",
-                                      mean=[255 * m for m in MEAN], std=[255 * s for s in STD])
-    if train and cutout:
-        # Same square as augment.Cutout: centred on a uniform pixel, clipped at the border.
-        centre = fn.random.uniform(values=list(range(SIZE)), shape=2, dtype=types.INT32)
-        images = fn.erase(images, anchor=fn.cast(centre - cutout // 2, dtype=types.FLOAT),
-                          shape=[float(cutout)] * 2, axis_names="HW", fill_value=0.0)
-    return images
+class BatchFeed:
+    """external_source callback over one shard held in memory.
+
+    Images come padded by PAD with zeros (RandomCrop's fill), so a crop position of
+    k / (2 * PAD) for k in 0..2*PAD is an integer shift in [-PAD, PAD]. The shifts and
+    flips are drawn here with numpy, from (pipeline seed, batch index): a rebuilt
+    pipeline replays them exactly. Without `train` every crop is the centre, unflipped.
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, order: np.ndarray, batch: int, *,
+                 train: bool, seed: int, drop_last: bool = False):
+        self.images, self.labels, self.order = images, np.asarray(labels, dtype=np.int32), order
+        self.batch, self.train, self.seed = batch, train, seed
+        self.batches = len(order) // batch if drop_last else math.ceil(len(order) / batch)
+
+    def __call__(self, info):
+        i = info.iteration
+        if i >= self.batches:
+            raise StopIteration
+        rows = self.order[i * self.batch:(i + 1) * self.batch]
+        n = len(rows)
+        padded = np.zeros((n, SIZE + 2 * PAD, SIZE + 2 * PAD, 3), np.uint8)
+        padded[:, PAD:PAD + SIZE, PAD:PAD + SIZE] = self.images[rows]
+        if self.train:
+            rng = np.random.default_rng([self.seed, i])
+            pos = rng.integers(0, 2 * PAD + 1, size=(2, n)).astype(np.float32) / (2 * PAD)
+            mirror = rng.integers(0, 2, size=n, dtype=np.int32)
+        else:
+            pos, mirror = np.full((2, n), 0.5, np.float32), np.zeros(n, np.int32)
+        return padded, self.labels[rows], pos[0], pos[1], mirror
+
+
+def _normalise(images, **crop_and_flip):
+    return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                    mean=[255 * m for m in MEAN], std=[255 * s for s in STD], **crop_and_flip)
+
+
+def _augment_read(images):
+    # An anchor in [-PAD, PAD] with zero fill is RandomCrop(32, padding=PAD) exactly.
+    shift = fn.random.uniform(values=list(range(-PAD, PAD + 1)), shape=2, dtype=types.INT32)
+    images = fn.slice(images, shift, np.array([SIZE, SIZE], dtype=np.int32),
+                      axis_names="HW", out_of_bounds_policy="pad", fill_values=0)
+    return _normalise(images, mirror=fn.random.coin_flip(probability=0.5))
+
+
+def _cutout(images, size: int):
+    # Same square as augment.Cutout: centred on a uniform pixel, clipped at the border.
+    centre = fn.random.uniform(values=list(range(SIZE)), shape=2, dtype=types.INT32)
+    return fn.erase(images, anchor=fn.cast(centre - size // 2, dtype=types.FLOAT),
+                    shape=[float(size)] * 2, axis_names="HW", fill_value=0.0)
+
+
+def shard_bounds(n: int, rank: int, world: int):
+    """[lo, hi) of shard `rank` of `n` samples, cut where DALI's readers cut: floor(n*i/world)."""
+    return (n * rank) // world, (n * (rank + 1)) // world
 
 
 def shard_size(n: int, rank: int, world: int) -> int:
-    """Samples in DALI's shard `rank` of `n` (its readers cut at floor(n*i/world))."""
-    return (n * (rank + 1)) // world - (n * rank) // world
+    lo, hi = shard_bounds(n, rank, world)
+    return hi - lo
 
 
 class DALILoader:
@@ -85,8 +150,11 @@ class DALILoader:
 
     def _start(self, epoch: int) -> None:
         self.iterator = None  # release the old pipeline before building the next
-        self.iterator = DALIGenericIterator([self.make(epoch)], ["images", "labels"], reader_name=READER,
-                                            auto_reset=True, last_batch_policy=self.policy)
+        pipe = self.make(epoch)
+        # A reader knows its shard's size; a memory feed ends its pass with StopIteration.
+        extent = {"reader_name": pipe.reader_name} if pipe.reader_name else {"size": -1}
+        self.iterator = DALIGenericIterator([pipe], ["images", "labels"], auto_reset=True,
+                                            last_batch_policy=self.policy, **extent)
         self.epoch, self.used = epoch, False
 
     def __len__(self):

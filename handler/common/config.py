@@ -137,9 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SyncBatchNorm across ranks (DDP modes, GPU only)")
     p.add_argument("--dp-balanced", action="store_true",
                    help="dp: compute the loss inside each replica instead of gathering logits on GPU 0")
-    p.add_argument("--dali-source", choices=("raw", "jpeg"), default=None,
-                   help="ddp_dali input: raw uint8 arrays (default, fastest measured) or JPEG "
-                        "files decoded by DALI (on the GPU with device=mixed)")
+    p.add_argument("--dali-source", choices=("memory", "raw", "jpeg"), default=None,
+                   help="ddp_dali input: the arrays in memory (default, fastest measured), one raw "
+                        "uint8 file per image, or JPEG files decoded by DALI (on the GPU with device=mixed)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (logs stay one line per epoch)")
     return p
