@@ -45,9 +45,10 @@ def make_splits(n: int) -> Splits:
     return Splits(train=train, valid=empty, test=make_images(BATCH, rng), classes=CLASSES)
 
 
-def timed_pass(loader, device: torch.device):
+def timed_pass(name: str, loader, device: torch.device, expected: int):
     """A function timing one full pass; returns images/s. Like the training loop's
-    epoch timer, it starts after set_epoch and iter (worker start, pipeline build)."""
+    epoch timer, it starts after set_epoch and iter (worker start, pipeline build).
+    A pass that yields other than `expected` images fails: its rate would mean nothing."""
     epochs = itertools.count()
 
     def run() -> float:
@@ -58,7 +59,10 @@ def timed_pass(loader, device: torch.device):
         for _, labels in batches:
             seen += len(labels)
         sync(device)
-        return seen / (time.perf_counter() - start)
+        rate = seen / (time.perf_counter() - start)
+        if seen != expected:
+            raise RuntimeError(f"{name} yielded {seen} images in a pass over {expected}")
+        return rate
     return run
 
 
@@ -86,7 +90,7 @@ def main(argv=None) -> dict:
     splits = make_splits(images)
     with tempfile.TemporaryDirectory(prefix="bench-loaders-") as data:
         loaders = build_loaders(splits, data)
-        runs = {name: timed_pass(loader, device) for name, (loader, device) in loaders.items()}
+        runs = {name: timed_pass(name, loader, device, images) for name, (loader, device) in loaders.items()}
         for run in runs.values():
             run()  # warm-up: worker start-up, first allocations, DALI prefetch
         rates = alternate(runs, rounds)
