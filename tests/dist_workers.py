@@ -60,3 +60,31 @@ def ddp_worker(proc_id, world, port, steps, batch, accum_steps, out_dir, wrap="d
         torch.distributed.barrier()  # both ranks done with the group before either tears it down
     finally:
         destroy_process()
+
+
+def bn_worker(proc_id, world, port, out_dir):
+    """Train a BatchNorm net under DDP on different data per rank; rank 0 saves every
+    rank's BatchNorm statistics before and after dist.broadcast_buffers."""
+    from handler.common import dist
+
+    me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=60)
+    try:
+        torch.manual_seed(0)
+        raw = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10))
+        raw(torch.zeros(2, 3, 32, 32))  # materialise the lazy layer identically on every rank
+        model = model_to_DDP(raw)
+        train_steps(model, [(x + me.rank, y) for x, y in fixed_batches(3, 8)])  # each rank its own data
+
+        def gathered():
+            stats = torch.cat([raw[1].running_mean, raw[1].running_var])
+            out = [torch.zeros_like(stats) for _ in range(world)]
+            torch.distributed.all_gather(out, stats)
+            return torch.stack(out)
+        before = gathered()
+        dist.broadcast_buffers(raw)
+        after = gathered()
+        if me.rank == 0:
+            torch.save({"before": before, "after": after}, os.path.join(out_dir, "bn.pt"))
+        torch.distributed.barrier()
+    finally:
+        destroy_process()

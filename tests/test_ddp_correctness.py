@@ -10,7 +10,7 @@ from handler.common.config import Config
 from handler.common.dataset import Splits
 from handler.common.loaders import ShardSampler
 from handler.DDP.cifar10_loader import get_DDP_loader
-from tests.dist_workers import TinyNet, ddp_worker, fixed_batches, train_steps
+from tests.dist_workers import TinyNet, bn_worker, ddp_worker, fixed_batches, train_steps
 
 
 def free_port():
@@ -51,6 +51,16 @@ def test_two_rank_fsdp_matches_two_rank_ddp(tmp_path):
     fsdp = torch.load(tmp_path / "fsdp.pt", weights_only=True)
     assert ddp.keys() == fsdp.keys()
     assert_params_close(fsdp, ddp, tol=1e-6)
+
+
+def test_batchnorm_statistics_stay_rank_local_in_training_and_agree_before_evaluation(tmp_path):
+    """No per-step buffer broadcast (it would cost a collective per step); the trainer's
+    broadcast_buffers before each evaluation gives every rank rank 0's statistics."""
+    mp.start_processes(bn_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    stats = torch.load(tmp_path / "bn.pt", weights_only=True)
+    assert not torch.allclose(stats["before"][0], stats["before"][1])
+    assert torch.equal(stats["after"][1], stats["after"][0])
+    assert torch.equal(stats["after"][0], stats["before"][0])  # rank 0 keeps its own
 
 
 def test_gradient_accumulation_equals_one_full_batch():
