@@ -39,36 +39,40 @@ class CifarPipeline(Pipeline):
         self.reader_name = None if source == "memory" else READER
         with self:
             if source == "memory":
-                lo, hi = shard_bounds(len(order), cfg.rank, cfg.world_size)
-                feed = BatchFeed(images, labels, order[lo:hi], cfg.local_batch, train=train, seed=seed,
-                                 drop_last=drop_last)
-                padded, label, pos_x, pos_y, mirror = fn.external_source(
-                    feed, num_outputs=5, batch=True, batch_info=True, layout=["HWC", "", "", "", ""])
-                padded = padded.gpu() if gpu else padded
-                # One fused op crops, flips and normalises: per-sample operator overhead,
-                # not arithmetic, dominates on 32x32 images.
-                images = _normalise(padded, crop=(SIZE, SIZE), crop_pos_x=pos_x, crop_pos_y=pos_y, mirror=mirror)
+                images, label = _from_memory(cfg, images, labels, order, train=train, seed=seed,
+                                             drop_last=drop_last)
             else:
-                images, label = self._read(cfg, images[order], labels[order], decode=source == "jpeg", train=train)
-                images = _augment_read(images) if train else _normalise(images)
+                images, label = _from_files(cfg, images[order], labels[order], decode=source == "jpeg",
+                                            train=train)
             if train and cfg.cutout:
                 images = _cutout(images, cfg.cutout)
             self.set_outputs(images, label.gpu() if gpu else label)
 
-    @staticmethod
-    def _read(cfg, files, labels, *, decode: bool, train: bool):
-        # Each rank keeps its shard: DALI's shards may differ by one image, and a
-        # rank's len() must not change from pass to pass.
-        data, label = fn.readers.file(
-            files=[str(f) for f in files], labels=[int(y) for y in labels], name=READER,
-            shard_id=cfg.rank, num_shards=cfg.world_size, stick_to_shard=True,
-            random_shuffle=train, pad_last_batch=True)
-        if decode:
-            images = fn.decoders.image(data, device="mixed" if cfg.use_cuda else "cpu", output_type=types.RGB)
-        else:
-            images = fn.reshape(data, shape=[SIZE, SIZE, 3], layout="HWC")
-            images = images.gpu() if cfg.use_cuda else images
-        return images, label
+
+def _from_memory(cfg, images, labels, order, *, train: bool, seed: int, drop_last: bool):
+    lo, hi = shard_bounds(len(order), cfg.rank, cfg.world_size)
+    feed = BatchFeed(images, labels, order[lo:hi], cfg.local_batch, train=train, seed=seed, drop_last=drop_last)
+    padded, label, pos_x, pos_y, mirror = fn.external_source(
+        feed, num_outputs=5, batch=True, batch_info=True, layout=["HWC", "", "", "", ""])
+    padded = padded.gpu() if cfg.use_cuda else padded
+    # One fused op crops, flips and normalises: on 32x32 images per-sample operator
+    # overhead, not arithmetic, is what costs.
+    return _normalise(padded, crop=(SIZE, SIZE), crop_pos_x=pos_x, crop_pos_y=pos_y, mirror=mirror), label
+
+
+def _from_files(cfg, files, labels, *, decode: bool, train: bool):
+    # Each rank keeps its shard: DALI's shards may differ by one image, and a
+    # rank's len() must not change from pass to pass.
+    data, label = fn.readers.file(
+        files=[str(f) for f in files], labels=[int(y) for y in labels], name=READER,
+        shard_id=cfg.rank, num_shards=cfg.world_size, stick_to_shard=True,
+        random_shuffle=train, pad_last_batch=True)
+    if decode:
+        images = fn.decoders.image(data, device="mixed" if cfg.use_cuda else "cpu", output_type=types.RGB)
+    else:
+        images = fn.reshape(data, shape=[SIZE, SIZE, 3], layout="HWC")
+        images = images.gpu() if cfg.use_cuda else images
+    return (_augment_read(images) if train else _normalise(images)), label
 
 
 class BatchFeed:
