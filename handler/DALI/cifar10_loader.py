@@ -6,11 +6,11 @@ import os
 
 import numpy as np
 
+from ..common.config import DALI_SOURCES as SOURCES
 from ..common.errors import UserError
 from ..common.loaders import Loaders
 from .derived import FORMATS, derived_files
 
-SOURCES = ("memory", *FORMATS)  # ("memory", "raw", "jpeg")
 DEFAULT_SOURCE = "memory"  # the fastest measured on CPU, see docs/DALI.md
 SOURCE_ENV = "HARNESS_DALI_SOURCE"
 

@@ -13,6 +13,7 @@ from .errors import UserError
 
 MODES = ("dp", "ddp", "ddp_dali", "fsdp")
 DDP_MODES = ("ddp", "ddp_dali", "fsdp")
+DALI_SOURCES = ("memory", "raw", "jpeg")  # what --mode ddp_dali reads; handler/DALI/cifar10_loader.py
 CPU_DEFAULT_PROCS = 2
 
 
@@ -137,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SyncBatchNorm across ranks (DDP modes, GPU only)")
     p.add_argument("--dp-balanced", action="store_true",
                    help="dp: compute the loss inside each replica instead of gathering logits on GPU 0")
-    p.add_argument("--dali-source", choices=("memory", "raw", "jpeg"), default=None,
+    p.add_argument("--dali-source", choices=DALI_SOURCES, default=None,
                    help="ddp_dali input: the arrays in memory (default, fastest measured), one raw "
                         "uint8 file per image, or JPEG files decoded by DALI (on the GPU with device=mixed)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
