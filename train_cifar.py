@@ -6,20 +6,21 @@ This file only parses, validates and dispatches; each mode lives in handler/.
 import sys
 
 from handler.common.config import parse_config
-from handler.common.devices import cuda_status
+from handler.common.devices import cuda_status, require_usable_gpus
 from handler.common.errors import one_line_errors
 from handler.common.preflight import preflight
-from handler.DDP.utils import launched_by_torchrun
+from handler.DDP.utils import elastic_restart_count, launched_by_torchrun
 from handler.modes import run_mode
 
 
 def main(argv=None) -> int:
     with one_line_errors():
+        require_usable_gpus()  # GPUs this torch cannot use: stop, never train on the CPU instead
         cfg = parse_config(argv)
         note = cuda_status()[1]
         if note:
             print(f"note: {note}", file=sys.stderr, flush=True)
-        cfg = preflight(cfg, spawning=not launched_by_torchrun())
+        cfg = preflight(cfg, spawning=not launched_by_torchrun(), restarted=elastic_restart_count() > 0)
         run_mode(cfg)
     return 0
 

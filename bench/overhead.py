@@ -30,6 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 from bench.common import (alternate, check_target, context, emit, fixed_batches, free_port,  # noqa: E402
                           make_optimizer, make_step, parser, summary, table)
 from handler.common import nvtx  # noqa: E402
+from handler.common.divergence import DivergenceGuard  # noqa: E402
 from handler.common.loop import sync, train_epoch  # noqa: E402
 from handler.common.stopping import StopFlag  # noqa: E402
 from handler.DDP.model import model_to_DDP  # noqa: E402
@@ -68,7 +69,7 @@ def harness_block(model, batches, device, stop):
 
     def run() -> float:
         start = time.perf_counter()
-        result = train_epoch(step, loader, 0, device, NoBar(), stop=stop)
+        result = train_epoch(step, loader, 0, device, NoBar(), stop=stop, guard=DivergenceGuard(device, 1))
         if result["stopped_at"] is not None:  # the StopFlag took our Ctrl-C
             raise KeyboardInterrupt
         return result["samples"] / (time.perf_counter() - start)

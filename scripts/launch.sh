@@ -5,7 +5,7 @@
 #   MODE=ddp NUM_GPUS=2 scripts/launch.sh [train_cifar.py arguments...]
 #
 # MODE (ddp_dali) dp|ddp|ddp_dali|fsdp      NUM_GPUS (visible GPUs, else 2 CPU processes)
-# LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   DATA_DIR (./data)   CKPT_DIR (./ckpt)
+# LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   DATA_DIR (./data)   CKPT_DIR (ckpt/<run name>/<start time>)
 # NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
 # PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
 set -euo pipefail
@@ -39,14 +39,14 @@ esac
 if [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
     export CUDA_VISIBLE_DEVICES="$LOCAL_GPU_IDS"
 fi
-visible_gpus=0
-if command -v nvidia-smi >/dev/null 2>&1; then
-    visible_gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
-    if [[ -n "${LOCAL_GPU_IDS:-}" && "$visible_gpus" -gt 0 ]]; then
-        IFS=',' read -ra ids <<< "$LOCAL_GPU_IDS"
-        visible_gpus="${#ids[@]}"
-    fi
+if [[ -z "${PYTHON:-}" ]]; then
+    # First use creates .venv; later calls are a quick no-op (setup.sh keeps a stamp).
+    bash "$ROOT/scripts/setup.sh" >&2 || die "set-up failed; see the pip output above"
+    PYTHON="$ROOT/.venv/bin/python"
 fi
+# torch counts the GPUs (honouring CUDA_VISIBLE_DEVICES), and stops in one line when the
+# machine has GPUs this torch build cannot use: never CPU training with GPU defaults.
+visible_gpus="$(cd "$ROOT" && "$PYTHON" -m handler.common.devices)" || exit 2
 if [[ "$visible_gpus" -gt 0 ]]; then
     device=gpu default_count="$visible_gpus"
 else
@@ -56,13 +56,21 @@ NUM_GPUS="${NUM_GPUS:-$default_count}"
 [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS='$NUM_GPUS' is not a positive integer; set e.g. NUM_GPUS=2"
 
 DATA_DIR="${DATA_DIR:-./data}"
-CKPT_DIR="${CKPT_DIR:-./ckpt}"
 NSIGHT_LOG_DIR="${NSIGHT_LOG_DIR:-nsight_logs}"
 NSIGHT_FILE_NAME="${NSIGHT_FILE_NAME:-${MODE}_${device}${NUM_GPUS}}"
-if [[ -z "${PYTHON:-}" ]]; then
-    # First use creates .venv; later calls are a quick no-op (setup.sh keeps a stamp).
-    bash "$ROOT/scripts/setup.sh" >&2 || die "set-up failed; see the pip output above"
-    PYTHON="$ROOT/.venv/bin/python"
+if [[ -z "${CKPT_DIR:-}" ]]; then
+    # Each run gets its own folder, ckpt/<run name>/<start time>, so running the lab twice
+    # never replaces an earlier run's checkpoints; --resume continues the newest one.
+    runs="./ckpt/$NSIGHT_FILE_NAME"
+    if [[ " $* " == *" --resume "* || "${*: -1}" == "--resume" ]]; then
+        CKPT_DIR="$(ls -d "$runs"/*/ 2>/dev/null | sort | tail -n 1)"
+        [[ -n "$CKPT_DIR" ]] || die "--resume: no earlier $NSIGHT_FILE_NAME run under $runs; start without --resume or set CKPT_DIR"
+        CKPT_DIR="${CKPT_DIR%/}"
+    else
+        CKPT_DIR="$runs/$(date +%Y%m%d-%H%M%S)"
+        [[ -e "$CKPT_DIR" ]] && CKPT_DIR="$CKPT_DIR-$$"
+    fi
+    say "checkpoints: $CKPT_DIR"
 fi
 
 report="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.nsys-rep"

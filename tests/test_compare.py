@@ -153,3 +153,12 @@ def test_phase_shares_come_from_nsys_else_from_loop_timers():
 def test_variants_that_would_share_a_folder_are_refused():
     with pytest.raises(UserError, match="LABEL="):
         matrix(build_variants(None, ["ddp:--amp bf16", "ddp:--amp=bf16"], MODES), (1,))
+
+
+def test_a_second_comparison_into_the_same_folder_is_refused_and_leaves_it_alone(compared):
+    run, out, _ = compared
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    again = run_cli(["--modes", "ddp", "--counts", "1", "--profile", "0", "--out", out, "--", *TINY],
+                    cmd=[sys.executable, "-m", "handler.compare"], cwd=ROOT, timeout=60)
+    assert again.returncode == 2 and "already holds a comparison" in again.stderr
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before

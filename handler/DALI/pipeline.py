@@ -114,8 +114,10 @@ def _normalise(images, **crop_and_flip):
 
 def _augment_read(images):
     # An anchor in [-PAD, PAD] with zero fill is RandomCrop(32, padding=PAD) exactly.
+    # start/shape as named arguments stay CPU-side; positional anchor/shape inputs of a
+    # GPU slice would become GPU constants that DALI copies back and syncs on every batch.
     shift = fn.random.uniform(values=list(range(-PAD, PAD + 1)), shape=2, dtype=types.INT32)
-    images = fn.slice(images, shift, np.array([SIZE, SIZE], dtype=np.int32),
+    images = fn.slice(images, start=shift, shape=[SIZE, SIZE],
                       axis_names="HW", out_of_bounds_policy="pad", fill_values=0)
     return _normalise(images, mirror=fn.random.coin_flip(probability=0.5))
 

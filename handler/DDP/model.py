@@ -1,6 +1,15 @@
 """Wrapping a model for DDP: the only place the DDP modes touch the model."""
+import inspect
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
+
+
+def no_buffer_sync(ddp_class=DistributedDataParallel) -> dict:
+    """torch 2.13 renamed broadcast_buffers to forward_sync_buffers; 2.6-2.12 know only the old name."""
+    if "forward_sync_buffers" in inspect.signature(ddp_class).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False) -> DistributedDataParallel:
@@ -19,4 +28,4 @@ def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False) -> DistributedDa
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     device = next(model.parameters()).device
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   forward_sync_buffers=False)
+                                   **no_buffer_sync())

@@ -2,14 +2,16 @@
 import dataclasses
 from functools import partial
 
+import torch
 from torch import nn
 
 from ..common import rank0
 from ..common.model_options import cross_entropy
 from ..common.strategy import Strategy
-from ..common.trainer import fit
+from ..common.trainer import autocast_for, fit
 from ..DDP.cifar10_loader import get_DDP_loader
 from .balanced import LossInside, replica_cross_entropy
+from .precision import AutocastInside
 
 CPU_NOTE = "no GPU: DP needs GPUs to split work, so this runs one plain CPU process"
 
@@ -28,6 +30,8 @@ def run(cfg) -> None:
 
 
 def wrap(cfg, model: nn.Module) -> nn.Module:
+    if cfg.use_cuda and cfg.amp != "off":
+        model = AutocastInside(model, autocast_for(cfg, torch.device(cfg.device)))
     if cfg.dp_balanced:
         model = LossInside(model)
     if cfg.use_cuda:

@@ -11,22 +11,37 @@ FORMAT = 1
 
 
 def rng_state() -> dict:
+    """Generator states as plain bytes: no tensor in them, so any map_location
+    (cuda:N, meta) leaves them loadable; torch.set_rng_state wants a CPU ByteTensor."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+    state = {"python": random.getstate(), "torch": _bytes(torch.get_rng_state()),
+             "numpy": {"kind": kind, "keys": keys.astype(np.uint32).tobytes(), "pos": pos,
                        "has_gauss": has_gauss, "gauss": gauss}}
     if torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [_bytes(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_byte_tensor(state["torch"]))
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    keys = n["keys"]
+    keys = np.frombuffer(keys, dtype=np.uint32) if isinstance(keys, bytes) else keys.cpu().numpy().astype(np.uint32)
+    np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["gauss"]))
     if "cuda" in state and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_byte_tensor(s) for s in state["cuda"]])
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.cpu().numpy().tobytes()
+
+
+def _byte_tensor(saved) -> torch.Tensor:
+    """bytes (this format) or a ByteTensor (checkpoints before it) -> CPU ByteTensor."""
+    if isinstance(saved, (bytes, bytearray)):
+        return torch.frombuffer(bytearray(saved), dtype=torch.uint8)
+    return saved.cpu()
 
 
 class PlainState:

@@ -28,6 +28,8 @@ class Config:
     ckpt: str = "./ckpt"
     save: str = "ckpt"
     resume: Optional[str] = None
+    overwrite: bool = False
+    nan_patience: int = 20
     epochs: int = 30
     stop_after: int = 0
     batch_size: int = 256
@@ -105,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save last.pt/best.pt every epoch, or nothing")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="PATH",
                    help="resume from PATH, or from CKPT/last.pt when no path is given")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh even though --ckpt holds an earlier run's last.pt, replacing it")
+    p.add_argument("--nan-patience", type=int, default=d.nan_patience, metavar="N",
+                   help="with --amp fp16, stop after N non-finite losses in a row (GradScaler skips "
+                        "some steps on purpose); other runs stop at the first one")
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--stop-after", type=int, default=d.stop_after, metavar="N",
                    help="end this run after N more epochs, keeping the --epochs schedule "
@@ -203,11 +210,15 @@ def validate(cfg: Config) -> None:
     need(cfg.accum_steps >= 1 and cfg.local_batch % cfg.accum_steps == 0,
          f"--accum-steps {cfg.accum_steps} must divide the per-process batch {cfg.local_batch}")
     need(cfg.amp != "fp16" or cfg.use_cuda, "--amp fp16 needs a GPU; use --amp bf16 on CPU")
-    need(not cfg.sync_bn or cfg.mode in DDP_MODES,
-         f"--sync-bn synchronises BatchNorm across DDP ranks; use it with --mode ddp or ddp_dali, not {cfg.mode}")
+    need(not cfg.sync_bn or cfg.mode in ("ddp", "ddp_dali"),
+         f"--sync-bn synchronises BatchNorm across DDP ranks; use it with --mode ddp or ddp_dali, not {cfg.mode}"
+         + (" (FSDP shards the BatchNorm layers it would synchronise)" if cfg.mode == "fsdp" else ""))
     need(not cfg.sync_bn or cfg.use_cuda,
          "--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only; drop --sync-bn on CPU")
     need(not cfg.dp_balanced or cfg.mode == "dp", "--dp-balanced changes DataParallel; use it with --mode dp")
+    need(cfg.nan_patience >= 1, f"--nan-patience {cfg.nan_patience}: use 1 or more steps")
+    need(not (cfg.overwrite and cfg.resume is not None),
+         "--overwrite starts afresh and --resume continues: pass one of them")
     need(cfg.dist_timeout > 0, "--dist-timeout must be positive seconds")
     need(0 <= cfg.port < 65536, f"--port {cfg.port}: use 1..65535, or 0 for a free port")
     from models import MODELS

@@ -1,7 +1,16 @@
-"""What accelerators this process can use, asked once."""
+"""What accelerators this process can use, asked once; the one place that counts GPUs.
+
+`python -m handler.common.devices` prints the usable GPU count for scripts/launch.sh (so
+the shell never counts with nvidia-smi, which ignores CUDA_VISIBLE_DEVICES), or stops
+in one line when the machine has GPUs that this torch build cannot use.
+"""
 import functools
+import os
+import sys
 import warnings
 from typing import Tuple
+
+from .errors import UserError, one_line_errors
 
 
 @functools.lru_cache(maxsize=None)
@@ -16,3 +25,33 @@ def cuda_status() -> Tuple[int, str]:
         return count, ""
     reason = next((str(w.message).split(". ")[0] for w in caught), "")
     return 0, f"CUDA not usable ({reason}); running on CPU" if reason else ""
+
+
+def gpus_hidden() -> bool:
+    """CUDA_VISIBLE_DEVICES set to nothing: the explicit way to run on the CPU."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
+
+
+def require_usable_gpus() -> int:
+    """The usable GPU count; a machine whose NVIDIA GPUs this torch cannot use stops
+    here, instead of training for hours on the CPU with GPU defaults."""
+    count = cuda_status()[0]
+    if count or gpus_hidden():
+        return count
+    from .cuda_build import driver_cuda_version, install_hint, smi_gpu_count
+    listed = smi_gpu_count()
+    if not listed:
+        return 0
+    import torch
+    driver = driver_cuda_version()
+    driver_text = f"a CUDA {driver[0]}.{driver[1]} driver" if driver else "a driver whose CUDA version nvidia-smi did not report"
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU build)"
+    raise UserError(f"nvidia-smi lists {listed} GPU(s) with {driver_text}, but torch {torch.__version__} is built "
+                    f"for {build} and cannot use them; install the matching build: {install_hint(driver)} "
+                    "(or run on the CPU on purpose with CUDA_VISIBLE_DEVICES=)")
+
+
+if __name__ == "__main__":
+    with one_line_errors():
+        print(require_usable_gpus())
+    sys.exit(0)

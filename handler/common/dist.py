@@ -22,6 +22,13 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_max_tensor(t: torch.Tensor) -> torch.Tensor:
+    """MAX over the ranks of a tensor on the run's device (NCCL on GPU, gloo on CPU)."""
+    if active():
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return t
+
+
 def all_reduce_max(value: int) -> int:
     if not active():
         return value

@@ -2,7 +2,8 @@
 
 Modes differ only in how the model is wrapped and where batches come from; both
 arrive here already built. Per-step work never syncs the device: running sums stay
-on the device and are read once per epoch.
+on the device, sample counts on the host, and both are read once per epoch (the
+divergence check reads one flag every CHECK_EVERY steps).
 """
 import time
 from contextlib import nullcontext
@@ -42,26 +43,32 @@ def _micro_batches(images, labels, k):
     return list(zip(images.chunk(k), labels.chunk(k)))
 
 
-def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, stop,
+def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, stop, guard,
                 start_step: int = 0) -> dict:
     """Train one epoch; returns global sums (all ranks) and this rank's timings.
 
     `start_step` > 0 resumes mid-epoch: the loader replays the steps already done
     (same order, same augmentation draws) without training on them. `stopped_at` is
-    the step index where an agreed stop request ended the epoch, else None.
+    the step index where an agreed stop request ended the epoch, else None. `guard`
+    (a DivergenceGuard) raises, on every rank alike, once the loss stays non-finite.
     """
     step.model.train()
-    loader.set_epoch(epoch)
-    totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
-    wait, stopped_at = 0.0, None
+    totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss*n, correct
+    samples, stopped_at = 0, None
     timer = PhaseTimer(device)
-    batches = iter(loader)
-    for _ in range(start_step):
-        next(batches)
-    bar.update(start_step)
     sync(device)
+    # The clock starts before the loader's per-epoch set-up (DALI rebuilds its pipeline,
+    # DataLoader starts its workers), so every mode pays for it inside the epoch; it
+    # counts as waiting for data.
     start = time.perf_counter()
     with nvtx_range(f"epoch {epoch}"):
+        with timer("data"):
+            loader.set_epoch(epoch)
+            batches = iter(loader)
+            for _ in range(start_step):
+                next(batches)
+        wait = time.perf_counter() - start
+        bar.update(start_step)
         for i in range(start_step, len(loader)):
             if stop.should_stop():
                 stopped_at = i
@@ -73,17 +80,23 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
                 wait += time.perf_counter() - t
                 if step.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
-                totals += _optimise(step, images, labels, timer)
+                sums = _optimise(step, images, labels, timer)
+                totals += sums
+                samples += labels.shape[0]
+                guard.observe(sums[0], i)
+            if guard.due(i):
+                guard.check(epoch)
             bar.update(1)
+    guard.check(epoch)
     sync(device)
     elapsed = time.perf_counter() - start
-    dist.all_reduce_sum(totals)
     return {"time_s": elapsed, "data_wait_s": wait, "phase_s": timer.seconds(), "stopped_at": stopped_at,
-            **_summarise(totals)}
+            **_summarise(totals, samples)}
 
 
 def _optimise(step: Step, images, labels, timer=no_timer) -> torch.Tensor:
-    """Forward/backward over the micro-batches, then one optimizer step.
+    """Forward/backward over the micro-batches, then one optimizer step; returns
+    (loss * n, correct) on the device, without waiting for it.
 
     Only the last micro-batch's backward all-reduces (DDP no_sync on the others), and
     each micro-loss is weighted by its share of the batch, so K micro-batches give the
@@ -91,8 +104,7 @@ def _optimise(step: Step, images, labels, timer=no_timer) -> torch.Tensor:
     """
     parts = _micro_batches(images, labels, step.accum_steps)
     n = labels.shape[0]
-    loss_sum = torch.zeros((), device=labels.device, dtype=torch.float64)
-    correct = torch.zeros((), device=labels.device, dtype=torch.float64)
+    sums = torch.zeros(2, device=labels.device, dtype=torch.float64)  # loss*n, correct
     no_sync = getattr(step.model, "no_sync", nullcontext)
     for j, (x, y) in enumerate(parts):
         # DDP decides in forward whether the coming backward all-reduces.
@@ -101,14 +113,13 @@ def _optimise(step: Step, images, labels, timer=no_timer) -> torch.Tensor:
                 loss, right = step.criterion(step.model, x, y)
             with nvtx_range("backward"), timer("backward"):
                 step.scaler.scale(loss * (y.shape[0] / n)).backward()
-        loss_sum += loss.detach().double() * y.shape[0]
-        correct += right
+        sums += torch.stack([loss.detach().double() * y.shape[0], right.double()])
     with nvtx_range("optimizer"), timer("optimizer"):
         step.scaler.step(step.optimizer)
         step.scaler.update()
         step.optimizer.zero_grad(set_to_none=True)
         step.scheduler.step()
-    return torch.stack([loss_sum, correct, torch.tensor(float(n), device=labels.device, dtype=torch.float64)])
+    return sums
 
 
 @torch.no_grad()
@@ -120,7 +131,8 @@ def evaluate(model, loader, name: str, device: torch.device, autocast=nullcontex
     shard ran out runs a one-image dummy forward, counted nowhere, until all are done.
     """
     model.eval()
-    totals = torch.zeros(3, device=device, dtype=torch.float64)
+    totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss sum, correct
+    samples = 0
     steps = dist.all_reduce_max(len(loader)) if lockstep else len(loader)
     batches = iter(loader)
     with nvtx_range(name):
@@ -135,12 +147,14 @@ def evaluate(model, loader, name: str, device: torch.device, autocast=nullcontex
             with autocast():
                 logits = model(images)
             loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-            totals += torch.stack([loss.double(), (logits.argmax(1) == labels).sum().double(),
-                                   torch.tensor(float(labels.shape[0]), device=device, dtype=torch.float64)])
+            totals += torch.stack([loss.double(), (logits.argmax(1) == labels).sum().double()])
+            samples += labels.shape[0]
+    return _summarise(totals, samples)
+
+
+def _summarise(totals: torch.Tensor, samples: int) -> dict:
+    """Global (all-rank) mean loss and accuracy from this rank's device sums and host count."""
+    totals = torch.cat([totals, torch.tensor([float(samples)], dtype=torch.float64).to(totals.device)])
     dist.all_reduce_sum(totals)
-    return _summarise(totals)
-
-
-def _summarise(totals: torch.Tensor) -> dict:
     loss_sum, correct, n = totals.tolist()
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "samples": int(n)}

@@ -1,24 +1,39 @@
 """Model-level options applied after the model is built; the models stay plain."""
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 
+class _Checkpointed:
+    """Mixed in front of a stage's own class: recompute its activations in backward.
+
+    A class, not a closure put on the instance: DataParallel's replicas copy the
+    instance's __dict__, so a closure would run cuda:0's weights on every GPU, while a
+    method resolves `self` to each replica.
+    """
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            return checkpoint(super().forward, x, use_reentrant=False)
+        return super().forward(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpointed(cls: type) -> type:
+    return type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), {})
+
+
 def checkpoint_stages(model: torch.nn.Module) -> None:
     """Recompute each stage's activations in backward instead of storing them.
 
-    Only the stage's forward is wrapped, so parameter names and checkpoints are the
-    same as without it. BatchNorm running statistics see the recomputed forward too
-    (a known property of activation checkpointing); gradients are unchanged.
+    Only the stage's class changes, so parameter names and checkpoints are the same as
+    without it. BatchNorm running statistics see the recomputed forward too (a known
+    property of activation checkpointing); gradients are unchanged.
     """
     for stage in model.stages:
-        plain = stage.forward
-
-        def forward(x, plain=plain):
-            if torch.is_grad_enabled():
-                return checkpoint(plain, x, use_reentrant=False)
-            return plain(x)
-        stage.forward = forward
+        stage.__class__ = _checkpointed(type(stage))
 
 
 def cross_entropy(model, images, labels):

@@ -1,5 +1,6 @@
 """Checks run once, before any worker starts, so bad input fails fast and in one line."""
 import dataclasses
+import datetime
 import os
 import socket
 import tempfile
@@ -34,11 +35,30 @@ def _check_port(host: str, port: int) -> None:
                             "another port, or omit --port to pick a free one") from None
 
 
-def preflight(cfg, *, spawning: bool):
+def _earlier_run(cfg, restarted: bool) -> None:
+    """A fresh start would replace an earlier run's last.pt after its first epoch: refuse,
+    unless the user resumes it or says --overwrite (an elastic restart resumes itself)."""
+    last = os.path.join(cfg.ckpt, "last.pt")
+    if cfg.save == "none" or cfg.resume is not None or cfg.overwrite or restarted or not os.path.isfile(last):
+        return
+    try:
+        ckpt = load_checkpoint(last, "cpu")
+        saved = ckpt.get("config", {})
+        what = (f"a {saved.get('mode', '?')} {saved.get('model', '?')} run at epoch "
+                f"{ckpt['epoch']}/{saved.get('epochs', '?')}")
+    except UserError:
+        what = "a file this harness cannot read"
+    when = datetime.datetime.fromtimestamp(os.path.getmtime(last)).strftime("%Y-%m-%d %H:%M")
+    raise UserError(f"{last} already holds {what} (saved {when}); continue it with --resume, "
+                    "choose another --ckpt, or pass --overwrite to replace it")
+
+
+def preflight(cfg, *, spawning: bool, restarted: bool = False):
     """Validate the environment; when this process will spawn the ranks, also fetch the
     data (rank 0's job) and pick the rendezvous port. Returns the resolved config."""
     if cfg.save != "none":
         _writable_dir(cfg.ckpt, "--ckpt")
+        _earlier_run(cfg, restarted)
     _writable_dir(os.path.dirname(os.path.abspath(cfg.metrics)), "--metrics")
     if cfg.mode == "ddp_dali":
         from ..DALI.cifar10_loader import require_dali

@@ -15,7 +15,9 @@ from models import build_model
 from . import dist, rank0
 from .checkpoint import load_checkpoint, make_checkpoint, save_atomic, set_rng_state
 from .cpu_memory import keep_freed_memory
+from .cpu_precision import bf16_note
 from .dataset import load_splits
+from .divergence import Diverged, DivergenceGuard, parameters_finite
 from .errors import UserError
 from .loop import Step, evaluate, train_epoch
 from .metrics import MetricsFile, environment
@@ -57,6 +59,8 @@ def fit(cfg, strategy: Strategy) -> dict:
     device = torch.device(cfg.device)
     if device.type == "cpu":
         keep_freed_memory()  # else glibc maps and zeroes every step's activations afresh
+    # Fixed input shapes: cuDNN's autotuner picks the fastest kernels once and reuses them.
+    torch.backends.cudnn.benchmark = device.type == "cuda"
     nvtx_mark(f"rank {cfg.rank}")
     started = time.perf_counter()
     splits = load_splits(cfg)
@@ -89,19 +93,27 @@ def fit(cfg, strategy: Strategy) -> dict:
     evaluate_on = partial(evaluate, raw, device=device, autocast=step.autocast,
                           channels_last=cfg.channels_last, lockstep=strategy.lockstep_eval)
     save = partial(_save, cfg, strategy.state, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    metrics = MetricsFile(cfg, environment(cfg, strategy.notes), history) if cfg.is_main else None
+    notes = strategy.notes
+    if cfg.amp == "bf16" and device.type == "cpu":
+        note = bf16_note()
+        if note:
+            notes += (note,)
+            rank0.say(cfg, f"warning: {note}", err=True)
+    metrics = MetricsFile(cfg, environment(cfg, notes), history) if cfg.is_main else None
     rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
                    f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}")
 
     stop = StopFlag()
+    guard = DivergenceGuard(device, cfg.nan_patience if scaler.is_enabled() else 1)
     try:
         last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
         for epoch in range(start_epoch, last_epoch):
             torch.manual_seed(epoch_seed(cfg, epoch))
             first_step, start_step = start_step, 0
             with rank0.progress(cfg, len(loaders.train), f"epoch {epoch + 1}/{cfg.epochs}") as bar:
-                train = train_epoch(step, loaders.train, epoch, device, bar, stop=stop, start_step=first_step)
+                train = train_epoch(step, loaders.train, epoch, device, bar, stop=stop, guard=guard,
+                                    start_step=first_step)
             if train["stopped_at"] is not None:
                 save(epochs_done=epoch, step=train["stopped_at"], best_acc=best_acc, history=history)
                 rank0.say(cfg, f"stopped by {stop.agreed_signal().name} at epoch {epoch + 1}, step "
@@ -119,6 +131,10 @@ def fit(cfg, strategy: Strategy) -> dict:
                 metrics.add_epoch(record)
                 _report_epoch(cfg, record)
             save(epochs_done=epoch + 1, step=0, best_acc=best_acc, history=history, improved=improved)
+    except Diverged:
+        if not cfg.is_main:
+            raise SystemExit(2) from None  # every rank agreed; rank 0 says it once
+        raise
     finally:
         stop.close()
 
@@ -180,6 +196,10 @@ def _save(cfg, state, *, raw, optimizer, scheduler, scaler, epochs_done, step, b
     writes last.pt, and best.pt when validation improved."""
     if cfg.save == "none":
         return
+    if not parameters_finite(raw):  # never replace the last good checkpoint with NaN weights
+        raise Diverged(f"the weights hold NaN/inf after epoch {epochs_done}, step {step}; nothing was saved "
+                       f"and {os.path.join(cfg.ckpt, 'last.pt')} keeps the last good state: lower --lr "
+                       "(or use --amp bf16) and continue with --resume")
     with nvtx_range("checkpoint"):
         os.makedirs(cfg.ckpt, exist_ok=True)
         captured = state.capture(cfg, raw, optimizer, tag=f"e{epochs_done}s{step}")

@@ -114,6 +114,8 @@ def main(argv=None) -> int:
     cells = matrix(variants, counts)
     profile = use_nsys(args.profile)
     out = args.out or Path("reports") / time.strftime("compare-%Y%m%d-%H%M%S")
+    if (out / "cells").exists():  # its cells' checkpoints and reports would be replaced
+        raise UserError(f"--out {out} already holds a comparison; choose another --out (or remove that folder)")
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(cells)} cells ({len(variants)} variants x counts {','.join(map(str, counts))}), "
           f"{'profiled with nsys' if profile else 'not profiled'}, output in {out}", flush=True)

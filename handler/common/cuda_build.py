@@ -1,0 +1,88 @@
+"""Which torch and DALI builds match this machine's NVIDIA driver.
+
+Standard library only: scripts/setup.sh runs it with the system python3 before any
+virtual environment exists, and handler/common/devices.py uses it to name the fix when
+torch cannot use the machine's GPUs.
+
+    python3 handler/common/cuda_build.py    # prints TORCH_INDEX_URL=..., DALI_PACKAGE=..., REASON=...
+"""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+DALI_VERSION = "2.4.0"
+TORCH_PINS = "torch==2.14.1 torchvision==0.29.1"  # as in requirements.txt (a test keeps them equal)
+CU12_INDEX = "https://download.pytorch.org/whl/cu126"
+SMI_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class Build:
+    torch_index_url: Optional[str]  # None: PyPI's default torch (a CUDA 13 build)
+    dali_package: str
+    reason: str
+
+
+def _smi(*args: str, smi: str = "nvidia-smi") -> str:
+    try:
+        done = subprocess.run([smi, *args], capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def smi_gpu_count(smi: str = "nvidia-smi") -> int:
+    """GPUs the driver lists (all of them: nvidia-smi ignores CUDA_VISIBLE_DEVICES)."""
+    return sum(line.startswith("GPU ") for line in _smi("-L", smi=smi).splitlines())
+
+
+def driver_cuda_version(smi: str = "nvidia-smi") -> Optional[Tuple[int, int]]:
+    """The newest CUDA this driver runs ("CUDA Version: 12.4" in nvidia-smi's header),
+    or None without a working nvidia-smi or without GPUs."""
+    if not smi_gpu_count(smi):
+        return None
+    found = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", _smi(smi=smi))
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def choose_build(driver: Optional[Tuple[int, int]], override_url: Optional[str] = None) -> Build:
+    if driver is None:
+        build = Build(None, f"nvidia-dali-cuda120=={DALI_VERSION}", "no NVIDIA GPU: PyPI's torch (runs on the CPU)")
+    elif driver[0] >= 13:
+        build = Build(None, f"nvidia-dali-cuda130=={DALI_VERSION}",
+                      f"CUDA {driver[0]}.{driver[1]} driver: PyPI's torch (a CUDA 13 build)")
+    elif driver[0] == 12:
+        # CUDA's minor-version compatibility: a cu126 build runs on every 12.x driver.
+        build = Build(CU12_INDEX, f"nvidia-dali-cuda120=={DALI_VERSION}",
+                      f"CUDA {driver[0]}.{driver[1]} driver: torch from PyTorch's cu126 index")
+    else:
+        build = Build(None, f"nvidia-dali-cuda120=={DALI_VERSION}",
+                      f"CUDA {driver[0]}.{driver[1]} driver is older than CUDA 12, which torch 2.6+ needs: "
+                      "update the NVIDIA driver (or hide the GPUs with CUDA_VISIBLE_DEVICES=)")
+    if override_url:
+        build = Build(override_url, build.dali_package, f"{build.reason}; torch index from TORCH_INDEX_URL")
+    return build
+
+
+def install_hint(driver: Optional[Tuple[int, int]]) -> str:
+    """The pip command that installs the build matching `driver`."""
+    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"))
+    index = f" --index-url {build.torch_index_url}" if build.torch_index_url else ""
+    return (f"pip install --force-reinstall {TORCH_PINS}{index} && pip install {build.dali_package} "
+            "(scripts/setup.sh does this)")
+
+
+def main() -> int:
+    build = choose_build(driver_cuda_version(), os.environ.get("TORCH_INDEX_URL"))
+    print(f"TORCH_INDEX_URL={shlex.quote(build.torch_index_url or '')}")
+    print(f"DALI_PACKAGE={shlex.quote(build.dali_package)}")
+    print(f"REASON={shlex.quote(build.reason)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

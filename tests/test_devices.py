@@ -1,0 +1,88 @@
+"""GPUs are counted in one place (torch), and a machine whose NVIDIA GPUs this torch
+cannot use stops in one line instead of training on the CPU with GPU defaults."""
+import os
+import stat
+import subprocess
+import time
+
+import pytest
+
+from handler.common import cuda_build
+from tests.conftest import ROOT, error_lines, run_cli
+
+SMI_HEADER = "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: {cuda}     |"
+
+
+def fake_smi(folder, gpus: int, cuda: str = "12.2", fails: bool = False):
+    """An nvidia-smi on PATH: -L lists `gpus` GPUs, the plain call prints the header.
+    `fails` mimics Debian's nvidia-smi on a machine without a driver (exit 9)."""
+    folder.mkdir(exist_ok=True)
+    script = folder / "nvidia-smi"
+    listing = "\n".join(f"echo 'GPU {i}: NVIDIA A100-SXM4-40GB (UUID: GPU-{i})'" for i in range(gpus))
+    body = ("echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9"
+            if fails else f'if [ "$1" = "-L" ]; then\n{listing or ":"}\nexit 0\nfi\necho "{SMI_HEADER.format(cuda=cuda)}"')
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+def visible(env):
+    """The environment as a user has it: CUDA_VISIBLE_DEVICES unset unless given."""
+    full = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    return {**full, **env}
+
+
+@pytest.mark.parametrize("entry", ["train_cifar", "launch"])
+def test_gpus_torch_cannot_use_stop_in_one_line_naming_driver_build_and_fix(entry, tmp_path):
+    env = visible(fake_smi(tmp_path / "bin", gpus=2))
+    cmd = (["bash", str(ROOT / "scripts" / "launch.sh")] if entry == "launch"
+           else [str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "train_cifar.py")])
+    started = time.perf_counter()
+    proc = subprocess.run([*cmd, "--epochs", "1"], cwd=tmp_path, env={**env, "PROFILE": "0"},
+                          capture_output=True, text=True, timeout=60)
+    assert time.perf_counter() - started < 30
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert "2 GPU(s) with a CUDA 12.2 driver" in lines[0] and "built for CUDA" in lines[0]
+    assert "--index-url https://download.pytorch.org/whl/cu126" in lines[0] and "CUDA_VISIBLE_DEVICES=" in lines[0]
+    assert not (tmp_path / "ckpt").exists() and "epoch" not in proc.stdout
+
+
+def test_hidden_gpus_are_the_explicit_way_to_the_cpu(tmp_path):
+    env = {**visible(fake_smi(tmp_path / "bin", gpus=8)), "CUDA_VISIBLE_DEVICES": ""}
+    proc = run_cli(["-m", "handler.common.devices"], env=env, cmd=[str(ROOT / ".venv" / "bin" / "python")], timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr
+
+
+@pytest.mark.parametrize("smi", ["debian_without_driver", "none_listed"])
+def test_a_cpu_machine_with_an_nvidia_smi_that_lists_nothing_runs_on_the_cpu(smi, tmp_path):
+    # After scripts/install_nsys.sh, Debian's nvidia-smi exists and fails (no driver).
+    env = visible(fake_smi(tmp_path / "bin", gpus=0, fails=smi == "debian_without_driver"))
+    proc = run_cli(["-m", "handler.common.devices"], env=env, cmd=[str(ROOT / ".venv" / "bin" / "python")], timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr
+
+
+@pytest.mark.parametrize("cuda, index, dali", [
+    ("13.0", None, "nvidia-dali-cuda130"), ("12.4", cuda_build.CU12_INDEX, "nvidia-dali-cuda120"),
+    ("12.0", cuda_build.CU12_INDEX, "nvidia-dali-cuda120")])
+def test_the_build_follows_the_drivers_cuda_version(cuda, index, dali, tmp_path):
+    fake_smi(tmp_path, gpus=1, cuda=cuda)
+    driver = cuda_build.driver_cuda_version(smi=str(tmp_path / "nvidia-smi"))
+    assert driver == tuple(map(int, cuda.split(".")))
+    build = cuda_build.choose_build(driver)
+    assert build.torch_index_url == index and build.dali_package.startswith(dali + "==")
+    assert cuda_build.choose_build(driver, "https://mirror/whl").torch_index_url == "https://mirror/whl"
+
+
+def test_no_or_failing_nvidia_smi_means_no_gpu_and_the_cpu_build(tmp_path):
+    fake_smi(tmp_path, gpus=0, fails=True)
+    assert cuda_build.driver_cuda_version(smi=str(tmp_path / "nvidia-smi")) is None
+    assert cuda_build.driver_cuda_version(smi=str(tmp_path / "missing")) is None
+    assert cuda_build.choose_build(None).torch_index_url is None
+    assert "update the NVIDIA driver" in cuda_build.choose_build((11, 8)).reason
+
+
+def test_the_hints_torch_pins_are_the_requirements_pins():
+    pins = {line.split("==")[0]: line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#")}
+    assert cuda_build.TORCH_PINS == f"{pins['torch']} {pins['torchvision']}"

@@ -1,0 +1,114 @@
+"""A run never destroys good state (issue 14): a diverging run stops before it saves,
+a fresh start never replaces an earlier run's checkpoints, and emulated bf16 is named."""
+import hashlib
+import os
+import subprocess
+
+import pytest
+import torch
+
+from handler.common import cpu_precision
+from handler.common.divergence import Diverged, DivergenceGuard
+from tests.conftest import ROOT, SMALL, error_lines, read_metrics, run_cli
+
+COMMON = ["--epochs", 1, "--batch-size", 64, "--valid-size", 0, *SMALL]
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def earlier_run(data_root, tmp_path_factory):
+    """A finished one-epoch run: its folder holds a good last.pt."""
+    folder = tmp_path_factory.mktemp("earlier")
+    proc = run_cli(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", folder, *COMMON])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder
+
+
+def test_a_fresh_start_over_an_earlier_run_stops_in_one_line_and_keeps_it(earlier_run, data_root):
+    before = digest(earlier_run / "last.pt")
+    proc = run_cli(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", earlier_run, *COMMON])
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "already holds a ddp resnet20 run at epoch 1/1" in lines[0]
+    assert all(hint in lines[0] for hint in ("--resume", "--ckpt", "--overwrite"))
+    assert digest(earlier_run / "last.pt") == before
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_diverging_run_stops_naming_the_step_and_never_saves(mode, earlier_run, data_root, tmp_path):
+    # ddp writes over the earlier run on purpose (--overwrite): its good last.pt must survive
+    # the NaN. fsdp starts in an empty folder: nothing at all may be written.
+    folder = earlier_run if mode == "ddp" else tmp_path
+    before = digest(folder / "last.pt") if mode == "ddp" else None
+    proc = run_cli(["--mode", mode, "--num_gpu", 2, "--data", data_root, "--ckpt", folder, "--overwrite",
+                    "--lr", "1e6", *COMMON])
+    lines = error_lines(proc)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1 and "NaN/inf" in lines[0] and "epoch 1, step" in lines[0], proc.stderr
+    assert "--lr" in lines[0] and "--resume" in lines[0]
+    if mode == "ddp":
+        assert digest(folder / "last.pt") == before
+    else:
+        assert not (folder / "last.pt").exists() and not list(folder.glob("shards-*"))
+
+
+def test_the_guard_trips_on_the_first_non_finite_loss_without_a_scaler():
+    guard = DivergenceGuard(torch.device("cpu"), patience=1)
+    for step, loss in enumerate([1.0, 2.0, float("nan"), 1.0]):
+        guard.observe(torch.tensor(loss), step)
+    with pytest.raises(Diverged, match="epoch 3, step 2"):
+        guard.check(epoch=2)
+
+
+def test_with_a_grad_scaler_only_a_run_of_patience_non_finite_losses_trips():
+    nan, inf = float("nan"), float("inf")
+    skipped_steps = DivergenceGuard(torch.device("cpu"), patience=3)
+    for step, loss in enumerate([nan, inf, 1.0, nan, nan, 0.5, inf]):
+        skipped_steps.observe(torch.tensor(loss), step)
+    skipped_steps.check(epoch=0)  # the scaler finding its scale: no stop
+    diverged = DivergenceGuard(torch.device("cpu"), patience=3)
+    for step, loss in enumerate([1.0, nan, nan, inf, nan]):
+        diverged.observe(torch.tensor(loss), step)
+    with pytest.raises(Diverged, match="3 steps in a row at epoch 1, step 3"):
+        diverged.check(epoch=0)
+
+
+def test_launch_twice_in_a_row_keeps_both_runs_and_resume_continues_the_newest(tmp_path):
+    env = {**os.environ, "MODE": "ddp", "NUM_GPUS": "1", "PROFILE": "0", "DATA_DIR": str(tmp_path / "data"),
+           "NSIGHT_LOG_DIR": str(tmp_path / "logs")}
+    tiny = ["--dataset", "synthetic", "--synthetic-train", "128", "--synthetic-test", "32", "--batch-size", "64",
+            "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1"]
+    for args in (tiny, tiny, [*tiny[:-1], "2", "--resume"]):
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "launch.sh"), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted((tmp_path / "ckpt" / "ddp_cpu1").iterdir())
+    assert len(runs) == 2 and all((run / "last.pt").exists() for run in runs)
+    assert torch.load(runs[0] / "last.pt", weights_only=True)["epoch"] == 1
+    assert torch.load(runs[1] / "last.pt", weights_only=True)["epoch"] == 2  # the resumed one
+    assert "resumed from" in proc.stdout
+
+
+def test_bf16_counts_as_emulated_without_the_cpu_flags_or_under_an_avx2_cap(tmp_path, monkeypatch):
+    with_flags, without = tmp_path / "with", tmp_path / "without"
+    with_flags.write_text("flags\t\t: fpu sse avx2 avx512f avx512_bf16\n")
+    without.write_text("flags\t\t: fpu sse avx2 avx512f\n")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert cpu_precision.native_bf16(str(with_flags)) and not cpu_precision.native_bf16(str(without))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not cpu_precision.native_bf16(str(with_flags))
+    note = cpu_precision.bf16_note()
+    assert "emulated" in note and "x the fp32 time" in note
+
+
+def test_a_bf16_run_on_an_emulating_cpu_warns_once_and_records_it(data_root, tmp_path):
+    tiny = ["--synthetic-train", 40, "--synthetic-test", 8, "--batch-size", 8, "--valid-size", 0]
+    proc = run_cli(["--mode", "dp", "--data", tmp_path / "data", "--ckpt", tmp_path, "--amp", "bf16",
+                    "--epochs", 1, *SMALL, *tiny], env={"ONEDNN_MAX_CPU_ISA": "AVX2"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sum("bf16 on this CPU is emulated" in line for line in proc.stderr.splitlines()) == 1
+    assert any("emulated" in note for note in read_metrics(tmp_path / "metrics.json")["env"]["notes"])
