@@ -1,23 +1,61 @@
 #!/usr/bin/env bash
-# Create .venv and install the pinned requirements. A no-op once done, so every entry
-# point can call it first. Usage: scripts/setup.sh [requirements file]
+# Create .venv and install the pinned requirements plus the torch and DALI builds that match
+# this machine's NVIDIA driver. A no-op once done, so every entry point can call it first.
+#
+#   scripts/setup.sh [requirements file]
+#
+# CUDA 13 driver: PyPI's torch + nvidia-dali-cuda130. CUDA 12 driver: torch from PyTorch's
+# cu126 index + nvidia-dali-cuda120. No GPU: PyPI's torch + nvidia-dali-cuda120.
+# TORCH_INDEX_URL overrides the torch index. SETUP_DRY_RUN=1 prints what it would do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 req="${1:-requirements.txt}"
 python="${PYTHON_BOOTSTRAP:-python3}"
+dry="${SETUP_DRY_RUN:-0}"
+run() { if [ "$dry" = 1 ]; then echo "setup: would run: $*"; else "$@"; fi; }
 
-if [ ! -x .venv/bin/python ]; then
-    echo "setup: creating .venv with $($python --version)"
-    "$python" -m venv .venv
-fi
-hash="$(cat requirements*.txt | sha1sum | cut -c1-12)"
+# Standard library only, so it runs before .venv exists;
+# sets TORCH_INDEX_URL, TORCH_PINS, DALI_PACKAGE and REASON.
+eval "$("$python" handler/common/cuda_build.py)"
+choice="torch from ${TORCH_INDEX_URL:-PyPI}, $DALI_PACKAGE"
+
+# The stamp covers the requirements and the build choice: a new driver (or TORCH_INDEX_URL)
+# installs once more. requirements-test.txt includes requirements.txt, so its stamp covers
+# the runtime too: launch.sh after scripts/test.sh installs nothing and prints nothing.
+hash="$( { cat requirements*.txt; echo "$choice"; } | sha1sum | cut -c1-12)"
 stamp=".venv/.installed-$hash-$(basename "$req")"
-# requirements-test.txt includes requirements.txt, so its stamp covers the runtime too:
-# launch.sh after scripts/test.sh installs nothing and prints nothing.
 covered=".venv/.installed-$hash-requirements-test.txt"
-if [ ! -f "$stamp" ] && [ ! -f "$covered" ]; then
-    echo "setup: installing $req into .venv (torch is a large CUDA build; first time only)"
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -r "$req"
+[ "$dry" = 1 ] && echo "setup: stamp $stamp"
+if [ -f "$stamp" ] || [ -f "$covered" ]; then
+    exit 0
+fi
+
+echo "setup: build choice: $choice ($REASON)"
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $("$python" --version)"
+    run "$python" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip install -q)
+echo "setup: installing $req into .venv (torch is a large CUDA build; first time only)"
+run "${pip[@]}" --upgrade pip
+# pip keeps an installed torch==X whatever its CUDA build, so a changed index reinstalls it.
+previous_index="$(cat .venv/.torch-index 2>/dev/null || true)"
+if [ -n "$TORCH_INDEX_URL" ] || [ "$previous_index" != "$TORCH_INDEX_URL" ]; then
+    force=()
+    [ "$previous_index" != "$TORCH_INDEX_URL" ] && force=(--force-reinstall)
+    # shellcheck disable=SC2086  # TORCH_PINS is two words on purpose
+    run "${pip[@]}" "${force[@]}" $TORCH_PINS ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+fi
+run "${pip[@]}" -r "$req"
+# Both DALI builds install the same `nvidia.dali` package: keep only the chosen one.
+for other in nvidia-dali-cuda120 nvidia-dali-cuda130; do
+    if [ "$other" != "${DALI_PACKAGE%%==*}" ] && [ -d .venv ] \
+        && .venv/bin/python -m pip show -q "$other" >/dev/null 2>&1; then
+        run .venv/bin/python -m pip uninstall -q -y "$other"
+    fi
+done
+run "${pip[@]}" "$DALI_PACKAGE"
+if [ "$dry" != 1 ]; then
+    echo "$TORCH_INDEX_URL" > .venv/.torch-index
     touch "$stamp"
 fi

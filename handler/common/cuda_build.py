@@ -4,7 +4,7 @@ Standard library only: scripts/setup.sh runs it with the system python3 before a
 virtual environment exists, and handler/common/devices.py uses it to name the fix when
 torch cannot use the machine's GPUs.
 
-    python3 handler/common/cuda_build.py    # prints TORCH_INDEX_URL=..., DALI_PACKAGE=..., REASON=...
+    python3 handler/common/cuda_build.py    # prints TORCH_INDEX_URL=..., TORCH_PINS=..., DALI_PACKAGE=..., REASON=...
 """
 import os
 import re
@@ -79,6 +79,7 @@ def install_hint(driver: Optional[Tuple[int, int]]) -> str:
 def main() -> int:
     build = choose_build(driver_cuda_version(), os.environ.get("TORCH_INDEX_URL"))
     print(f"TORCH_INDEX_URL={shlex.quote(build.torch_index_url or '')}")
+    print(f"TORCH_PINS={shlex.quote(TORCH_PINS)}")
     print(f"DALI_PACKAGE={shlex.quote(build.dali_package)}")
     print(f"REASON={shlex.quote(build.reason)}")
     return 0
