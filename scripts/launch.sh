@@ -40,8 +40,9 @@ if [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
     export CUDA_VISIBLE_DEVICES="$LOCAL_GPU_IDS"
 fi
 if [[ -z "${PYTHON:-}" ]]; then
-    # First use creates .venv; later calls are a quick no-op (setup.sh keeps a stamp).
-    bash "$ROOT/scripts/setup.sh" >&2 || die "set-up failed; see the pip output above"
+    # First use creates .venv; later calls are a quick no-op (setup.sh keeps a stamp). An
+    # existing .venv keeps its builds: a driver they do not fit stops below, naming the fix.
+    SETUP_KEEP_BUILD=1 bash "$ROOT/scripts/setup.sh" >&2 || die "set-up failed; see the pip output above"
     PYTHON="$ROOT/.venv/bin/python"
 fi
 # torch counts the GPUs (honouring CUDA_VISIBLE_DEVICES), and stops in one line when the

@@ -19,16 +19,24 @@ run() { if [ "$dry" = 1 ]; then echo "setup: would run: $*"; else "$@"; fi; }
 eval "$("$python" handler/common/cuda_build.py)"
 choice="torch from ${TORCH_INDEX_URL:-PyPI}, $DALI_PACKAGE"
 
-# The stamp covers the requirements and the build choice: a new driver (or TORCH_INDEX_URL)
-# installs once more. requirements-test.txt includes requirements.txt, so its stamp covers
-# the runtime too: launch.sh after scripts/test.sh installs nothing and prints nothing.
-hash="$( { cat requirements*.txt; echo "$choice"; } | sha1sum | cut -c1-12)"
+# The stamp names the requirements it installed and records the build choice: a changed
+# driver (or TORCH_INDEX_URL) installs once more, unless SETUP_KEEP_BUILD=1 (launch.sh: a
+# mismatch there stops in one line naming this script, never a surprise download).
+# requirements-test.txt includes requirements.txt, so its stamp covers the runtime too:
+# launch.sh after scripts/test.sh installs nothing and prints nothing.
+hash="$(cat requirements*.txt | sha1sum | cut -c1-12)"
 stamp=".venv/.installed-$hash-$(basename "$req")"
 covered=".venv/.installed-$hash-requirements-test.txt"
-[ "$dry" = 1 ] && echo "setup: stamp $stamp"
-if [ -f "$stamp" ] || [ -f "$covered" ]; then
-    exit 0
-fi
+[ "$dry" = 1 ] && echo "setup: stamp $stamp records: $choice"
+for done_file in "$stamp" "$covered"; do
+    if [ -f "$done_file" ]; then
+        if [ "${SETUP_KEEP_BUILD:-0}" = 1 ] || [ "$(cat "$done_file")" = "$choice" ]; then
+            exit 0
+        fi
+        echo "setup: .venv holds $(cat "$done_file" || true); this machine needs $choice"
+        break
+    fi
+done
 
 echo "setup: build choice: $choice ($REASON)"
 if [ ! -x .venv/bin/python ]; then
@@ -57,5 +65,5 @@ done
 run "${pip[@]}" "$DALI_PACKAGE"
 if [ "$dry" != 1 ]; then
     echo "$TORCH_INDEX_URL" > .venv/.torch-index
-    touch "$stamp"
+    echo "$choice" > "$stamp"
 fi
