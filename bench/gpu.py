@@ -1,32 +1,79 @@
-"""ResNet-18 epoch time on one GPU: ddp (torchvision DataLoader) vs ddp_dali.
+"""ResNet-18 epoch time on one GPU: ddp (torchvision DataLoader) vs ddp_dali, paired by round.
 
     python -m bench.gpu [--quick] [--json PATH] [--workers N] [--data DIR]
 
 Each mode trains train_cifar.py's ResNet-18 on 1 GPU through the comparison runner
 (handler/compare: scripts/launch.sh, unprofiled), with bf16 autocast when the GPU
 supports it and channels_last, on a CIFAR-sized synthetic set (50,000 train images;
-2,048 with --quick). Epoch time is the median of the epochs after the first. The
-modes alternate over rounds. Without CUDA it prints why it skips and exits 0.
+2,048 with --quick). cudnn.benchmark is on (the trainer turns it on for every GPU run).
+
+Both modes are timed by the same clock, the training loop's epoch clock: it starts before
+the loader's per-epoch set-up, so DALI's pipeline rebuild and the DataLoader's worker
+start-up both fall inside every timed epoch. A mode's epoch time is the median of its
+epochs after the first. Every round runs both modes, the order alternating, and the
+ratio ddp / ddp_dali is taken within each round (3 rounds; 2 with --quick), so drift
+hits both sides of a ratio alike. Without CUDA it prints why it skips and exits 0.
 """
 import tempfile
 from pathlib import Path
 from statistics import median
-
-import torch
+from typing import List
 
 from bench.common import context, emit, parser, table
 from handler.common.devices import cuda_status
-from handler.compare.cells import Cell, Variant
-from handler.compare.results import build_rows
-from handler.compare.runner import run_cell
 
-FULL = dict(images=50_000, epochs=3, rounds=2)
-QUICK = dict(images=2_048, epochs=2, rounds=1)
+FULL = dict(images=50_000, epochs=3, rounds=3)
+QUICK = dict(images=2_048, epochs=2, rounds=2)
 MODES = ("ddp", "ddp_dali")
 
 
+def round_order(r: int) -> tuple:
+    """Both modes every round; who goes first alternates."""
+    return MODES if r % 2 == 0 else MODES[::-1]
+
+
+def summarise(rounds: List[dict]) -> dict:
+    """`rounds`: one {mode: epoch seconds, or None if it failed} per round, in order."""
+    per_round = []
+    for r, times in enumerate(rounds):
+        both = all(times.get(mode) for mode in MODES)
+        per_round.append({"round": r, "order": list(round_order(r)), "epoch_s": dict(times),
+                          "ddp_over_ddp_dali": times["ddp"] / times["ddp_dali"] if both else None})
+    ratios = [r["ddp_over_ddp_dali"] for r in per_round if r["ddp_over_ddp_dali"] is not None]
+    samples = {mode: [t[mode] for t in rounds if t.get(mode)] for mode in MODES}
+    return {"per_round": per_round, "ratio_per_round": [r["ddp_over_ddp_dali"] for r in per_round],
+            "ddp_over_ddp_dali": median(ratios) if ratios else None,
+            "epoch_s": {mode: median(s) for mode, s in samples.items() if s}, "samples": samples}
+
+
+def report(results: dict) -> str:
+    rows = [(r["round"], " then ".join(r["order"]), r["epoch_s"].get("ddp") or "failed",
+             r["epoch_s"].get("ddp_dali") or "failed",
+             "-" if r["ddp_over_ddp_dali"] is None else r["ddp_over_ddp_dali"]) for r in results["per_round"]]
+    overall = results["ddp_over_ddp_dali"]
+    return (f"ResNet-18, 1 GPU ({results['gpu']}), {' '.join(results['precision'])}, {results['images']} images\n"
+            + table(["round", "order", "ddp epoch s", "ddp_dali epoch s", "ddp / ddp_dali"], rows)
+            + f"\nmedian of the paired ratios: {'-' if overall is None else f'{overall:.3f}'}"
+            + "".join(f"\n{mode} failed: {err}" for mode, err in results["failures"].items()))
+
+
 def precision_args() -> list:
+    import torch
     return (["--amp", "bf16"] if torch.cuda.is_bf16_supported() else []) + ["--channels-last"]
+
+
+def gpu_name() -> str:
+    import torch
+    return torch.cuda.get_device_name(0)
+
+
+def time_mode(mode: str, out: Path, train_args: list):
+    """(median steady epoch seconds, images/s, None) or (None, None, error) for one run."""
+    from handler.compare.cells import Cell, Variant
+    from handler.compare.results import build_rows
+    from handler.compare.runner import run_cell
+    row = build_rows([run_cell(Cell(Variant(mode, mode), 1), out, profile=False, train_args=train_args)])[0]
+    return row.epoch_s, row.images_per_s, (row.error if row.epoch_s is None else None)
 
 
 def main(argv=None) -> dict:
@@ -44,28 +91,23 @@ def main(argv=None) -> dict:
     train_args = ["--model", "resnet18", "--epochs", str(size["epochs"]), "--dataset", "synthetic",
                   "--synthetic-train", str(size["images"]), "--synthetic-test", "1000", "--valid-size", "0",
                   "--workers", str(args.workers), "--save", "none", *extra]
+    rounds, rates, failures = [], {mode: [] for mode in MODES}, {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         train_args += ["--data", args.data or str(Path(tmp) / "data")]
-        times, rates, failures = {mode: [] for mode in MODES}, {mode: [] for mode in MODES}, {}
         for r in range(size["rounds"]):
-            for mode in MODES[r % 2:] + MODES[:r % 2]:
-                cell = Cell(Variant(mode, mode), 1)
-                row = build_rows([run_cell(cell, Path(tmp) / f"round{r}", profile=False, train_args=train_args)])[0]
-                if row.epoch_s is None:
-                    failures[mode] = row.error
-                else:
-                    times[mode].append(row.epoch_s)
-                    rates[mode].append(row.images_per_s)
-    epoch_s = {mode: median(t) for mode, t in times.items() if t}
-    results = {**size, "gpu": torch.cuda.get_device_name(0), "precision": extra, "workers": args.workers,
-               "epoch_s": epoch_s, "images_per_s": {mode: median(r) for mode, r in rates.items() if r},
-               "samples": times, "failures": failures,
-               "ddp_over_ddp_dali": epoch_s["ddp"] / epoch_s["ddp_dali"] if len(epoch_s) == 2 else None}
-    rows = [(mode, epoch_s.get(mode, "failed"), results["images_per_s"].get(mode, "")) for mode in MODES]
-    text = (f"ResNet-18, 1 GPU ({results['gpu']}), {' '.join(extra)}, {size['images']} images\n"
-            + table(["mode", "epoch s", "images/s"], rows)
-            + "".join(f"\n{mode} failed: {err}" for mode, err in failures.items()))
-    return emit("gpu", results, args, text, started)
+            times: dict = {}
+            for mode in round_order(r):
+                epoch_s, rate, error = time_mode(mode, Path(tmp) / f"round{r}", train_args)
+                times[mode] = epoch_s
+                if error is not None:
+                    failures.setdefault(mode, error)
+                elif rate:
+                    rates[mode].append(rate)
+            rounds.append(times)
+    results = {**size, "gpu": gpu_name(), "precision": extra, "workers": args.workers,
+               **summarise(rounds), "failures": failures,
+               "images_per_s": {mode: median(r) for mode, r in rates.items() if r}}
+    return emit("gpu", results, args, report(results), started)
 
 
 if __name__ == "__main__":
