@@ -149,7 +149,7 @@ class Runner:
             proc = self.run(self.train_cmd(check, folder, "--epochs", "1"), folder)
             return self.failed(proc, folder) or verify(folder / "metrics.json", check)
         if check.kind == "resume":
-            first = self.run(self.train_cmd(check, folder, "--epochs", "1"), folder)
+            first = self.run(self.train_cmd(check, folder, "--epochs", "2", "--stop-after", "1"), folder)
             then = self.run(self.train_cmd(check, folder, "--epochs", "2", "--resume"), folder)
             return self.failed(first, folder) or self.failed(then, folder) or verify(folder / "metrics.json", check, 2)
         if check.kind == "sigterm":

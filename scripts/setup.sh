@@ -16,7 +16,9 @@ run() { if [ "$dry" = 1 ]; then echo "setup: would run: $*"; else "$@"; fi; }
 
 # Standard library only, so it runs before .venv exists;
 # sets TORCH_INDEX_URL, TORCH_PINS, DALI_PACKAGE and REASON.
-eval "$("$python" handler/common/cuda_build.py)"
+build="$("$python" handler/common/cuda_build.py)" \
+    || { echo "setup: $python could not run handler/common/cuda_build.py; set PYTHON_BOOTSTRAP to a Python 3.9+" >&2; exit 1; }
+eval "$build"
 choice="torch from ${TORCH_INDEX_URL:-PyPI}, $DALI_PACKAGE"
 
 # The stamp names the requirements it installed and records the build choice: a changed
