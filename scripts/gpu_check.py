@@ -244,11 +244,12 @@ def write_reports(results: List[Result], env: dict, out: Path) -> Tuple[Path, Pa
              "|---|---|---:|---|---|---|---|---|"]
     lines += [f"| {r['check']} | {r['result']} | {r['seconds']:.1f} | {r['gpu']} | {r['driver']} | {r['torch']} "
               f"| {r['dali'] or '-'} | {r['detail'].replace('|', '/')} |" for r in rows]
-    lines += ["", f"{len(results) - len(failed)} of {len(results)} passed or skipped"
+    total = round(sum(r.seconds for r in results), 1)
+    lines += ["", f"{len(results) - len(failed)} of {len(results)} passed or skipped in {total:.0f} s"
               + (f"; FAILED: {', '.join(failed)}" if failed else "")]
     md.write_text("\n".join(lines) + "\n")
     js = out / "gpu_check.json"
-    js.write_text(json.dumps({"schema": 1, "env": env, "passed": not failed, "checks": rows}, indent=2) + "\n")
+    js.write_text(json.dumps({"schema": 1, "env": env, "passed": not failed, "total_s": total, "checks": rows}, indent=2) + "\n")
     return md, js
 
 

@@ -112,7 +112,7 @@ def test_table_and_json_hold_one_row_per_check_naming_the_machine(tmp_path):
     assert any(line.startswith("gpu_check: SKIPPED ddp_dali jpeg: no DALI") for line in said)
     md, js = gpu_check.write_reports(results, ENV, tmp_path)
     data = json.loads(js.read_text())
-    assert data["passed"] is False and data["env"] == ENV
+    assert data["passed"] is False and data["env"] == ENV and data["total_s"] == pytest.approx(sum(r.seconds for r in results), abs=0.1)
     assert [row["check"] for row in data["checks"]] == ["ddp", "fsdp", "ddp_dali jpeg", "SIGTERM"]
     for row in data["checks"]:
         assert {"check", "result", "seconds", "gpu", "driver", "torch", "dali"} <= row.keys()
