@@ -129,13 +129,29 @@ class Runner:
                 "--data", str(self.data), "--ckpt", str(folder), "--metrics", str(folder / "metrics.json"),
                 *check.args, *extra]
 
-    def run(self, cmd, folder: Path, timeout=CHECK_TIMEOUT_S, env=None) -> subprocess.CompletedProcess:
+    def run(self, cmd, folder: Path, timeout=CHECK_TIMEOUT_S, env=None) -> subprocess.Popen:
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "log.txt", "a") as log:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
-            return subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+            proc = self.start(cmd, log, env)
+            try:
+                proc.wait(timeout=timeout)
+            finally:
+                self.stop(proc)
+            return proc
+
+    @staticmethod
+    def start(cmd, log, env=None) -> subprocess.Popen:
+        # Its own session, so a timeout stops the spawned ranks (and nsys) too.
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+    @staticmethod
+    def stop(proc) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
     def __call__(self, check: Check) -> str:
         """Run one check; "" when it passed, else why it failed."""
@@ -167,8 +183,9 @@ class Runner:
         folder.mkdir(parents=True, exist_ok=True)
         cmd = self.train_cmd(check, folder, "--epochs", "2", images=BIG_TRAIN)
         with open(folder / "log.txt", "a") as log:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            log.write(f"$ {' '.join(cmd)}  (SIGTERM once epoch 0 is saved)\n")
+            log.flush()
+            proc = self.start(cmd, log)
             try:
                 deadline = time.time() + CHECK_TIMEOUT_S
                 while not (folder / "last.pt").exists() and proc.poll() is None and time.time() < deadline:
@@ -177,8 +194,7 @@ class Runner:
                 proc.send_signal(signal.SIGTERM)
                 code = proc.wait(timeout=120)
             finally:
-                if proc.poll() is None:
-                    proc.kill()
+                self.stop(proc)
         if code != 128 + signal.SIGTERM:
             return f"exit {code} after SIGTERM, expected {128 + signal.SIGTERM}; see {folder}/log.txt"
         resumed = self.run(self.train_cmd(check, folder, "--epochs", "2", "--resume", images=BIG_TRAIN), folder)
@@ -210,6 +226,8 @@ def run_all(checks: List[Check], runner, say=print) -> List[Result]:
             problem = runner(check)
         except subprocess.TimeoutExpired as e:
             problem = f"timed out after {e.timeout:.0f} s"
+        except Exception as e:  # a check that breaks is a failed check, never the end of the others
+            problem = f"{type(e).__name__}: {e}"
         seconds = time.perf_counter() - started
         results.append(Result(check.name, "fail" if problem else "pass", round(seconds, 1), problem))
         say(f"gpu_check: {'FAIL' if problem else 'pass'} {check.name} ({seconds:.1f} s){': ' + problem if problem else ''}")

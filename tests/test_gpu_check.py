@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -136,3 +137,25 @@ def test_exit_status_is_non_zero_on_any_failure_and_missing_dali_is_loud(outcome
     assert ("WARNING: NVIDIA DALI is not installed: SKIPPING every ddp_dali check" in err) == (not dali)
     rows = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert all(r["result"] == "skip" for r in rows if "ddp_dali" in r["check"]) == (not dali)
+
+
+def test_a_timed_out_check_stops_its_whole_process_group(tmp_path):
+    # A hung run must not leave spawned ranks behind for the next check.
+    runner = gpu_check.Runner(sys.executable, tmp_path)
+    pidfile = tmp_path / "child.pid"
+    with pytest.raises(subprocess.TimeoutExpired):
+        runner.run(["bash", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], tmp_path / "run", timeout=2)
+    child = int(pidfile.read_text())
+    deadline = time.time() + 10
+    while alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive(child)
+    assert "sleep 60" in (tmp_path / "run" / "log.txt").read_text()
+
+
+def alive(pid) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
