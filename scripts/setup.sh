@@ -19,23 +19,33 @@ run() { if [ "$dry" = 1 ]; then echo "setup: would run: $*"; else "$@"; fi; }
 build="$("$python" handler/common/cuda_build.py)" \
     || { echo "setup: $python could not run handler/common/cuda_build.py; set PYTHON_BOOTSTRAP to a Python 3.9+" >&2; exit 1; }
 eval "$build"
+# What .venv holds (written after each install); a .venv made before setup.sh chose builds
+# holds PyPI's torch and the CUDA 12 DALI.
+installed_index="" installed_dali="nvidia-dali-cuda120==${DALI_PACKAGE##*==}"
+if [ -f .venv/.build ]; then
+    installed_index="$(sed -n 1p .venv/.build)" installed_dali="$(sed -n 2p .venv/.build)"
+fi
+if [ "${SETUP_KEEP_BUILD:-0}" = 1 ] && [ -x .venv/bin/python ]; then
+    # launch.sh: an existing .venv keeps its builds, never a surprise download; a driver they
+    # do not fit stops in one line (handler/common/devices.py) naming this script as the fix.
+    TORCH_INDEX_URL="$installed_index" DALI_PACKAGE="$installed_dali" REASON="the builds .venv holds"
+fi
 choice="torch from ${TORCH_INDEX_URL:-PyPI}, $DALI_PACKAGE"
 
-# The stamp names the requirements it installed and records the build choice: a changed
-# driver (or TORCH_INDEX_URL) installs once more, unless SETUP_KEEP_BUILD=1 (launch.sh: a
-# mismatch there stops in one line naming this script, never a surprise download).
-# requirements-test.txt includes requirements.txt, so its stamp covers the runtime too:
-# launch.sh after scripts/test.sh installs nothing and prints nothing.
+# The stamp names the requirements it installed and records the build choice, so a changed
+# driver (or TORCH_INDEX_URL) installs once more. requirements-test.txt includes
+# requirements.txt, so its stamp covers the runtime too: launch.sh after scripts/test.sh
+# installs nothing and prints nothing.
 hash="$(cat requirements*.txt | sha1sum | cut -c1-12)"
 stamp=".venv/.installed-$hash-$(basename "$req")"
 covered=".venv/.installed-$hash-requirements-test.txt"
 [ "$dry" = 1 ] && echo "setup: stamp $stamp records: $choice"
 for done_file in "$stamp" "$covered"; do
+    [ -f "$done_file" ] && [ "$(cat "$done_file")" = "$choice" ] && exit 0
+done
+for done_file in "$stamp" "$covered"; do
     if [ -f "$done_file" ]; then
-        if [ "${SETUP_KEEP_BUILD:-0}" = 1 ] || [ "$(cat "$done_file")" = "$choice" ]; then
-            exit 0
-        fi
-        echo "setup: .venv holds $(cat "$done_file" || true); this machine needs $choice"
+        echo "setup: .venv holds $(cat "$done_file"); this machine needs $choice"
         break
     fi
 done
@@ -49,10 +59,9 @@ pip=(.venv/bin/python -m pip install -q)
 echo "setup: installing $req into .venv (torch is a large CUDA build; first time only)"
 run "${pip[@]}" --upgrade pip
 # pip keeps an installed torch==X whatever its CUDA build, so a changed index reinstalls it.
-previous_index="$(cat .venv/.torch-index 2>/dev/null || true)"
-if [ -n "$TORCH_INDEX_URL" ] || [ "$previous_index" != "$TORCH_INDEX_URL" ]; then
+if [ -n "$TORCH_INDEX_URL" ] || [ "$installed_index" != "$TORCH_INDEX_URL" ]; then
     force=()
-    [ "$previous_index" != "$TORCH_INDEX_URL" ] && force=(--force-reinstall)
+    [ "$installed_index" != "$TORCH_INDEX_URL" ] && force=(--force-reinstall)
     # shellcheck disable=SC2086  # TORCH_PINS is two words on purpose
     run "${pip[@]}" "${force[@]}" $TORCH_PINS ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
@@ -66,6 +75,6 @@ for other in nvidia-dali-cuda120 nvidia-dali-cuda130; do
 done
 run "${pip[@]}" "$DALI_PACKAGE"
 if [ "$dry" != 1 ]; then
-    echo "$TORCH_INDEX_URL" > .venv/.torch-index
+    printf '%s\n%s\n' "$TORCH_INDEX_URL" "$DALI_PACKAGE" > .venv/.build
     echo "$choice" > "$stamp"
 fi

@@ -44,8 +44,13 @@ def stamp(out: str):
 def install_as(checkout, out: str) -> None:
     """Leave .venv as a real (non-dry) run of the same choice would."""
     path, choice = stamp(out)
-    (checkout / ".venv").mkdir(exist_ok=True)
+    (checkout / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    python = checkout / ".venv" / "bin" / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")  # `pip show` finds nothing
+    python.chmod(0o755)
     (checkout / path).write_text(choice + "\n")
+    index, dali = choice[len("torch from "):].split(", ")
+    (checkout / ".venv" / ".build").write_text(f"{'' if index == 'PyPI' else index}\n{dali}\n")
 
 
 def pip_lines(out: str) -> list:
@@ -103,11 +108,17 @@ def test_launch_keeps_an_installed_build_so_a_mismatch_stops_instead_of_download
     out = setup_dry(checkout, cuda="12.4", SETUP_KEEP_BUILD="1")
     assert not pip_lines(out) and "build choice" not in out
     assert "SETUP_KEEP_BUILD=1 bash" in (ROOT / "scripts" / "launch.sh").read_text()
+    # New requirements: launch.sh installs them, still with the builds .venv holds.
+    with open(checkout / "requirements.txt", "a") as f:
+        f.write("# changed\n")
+    installs = pip_lines(setup_dry(checkout, cuda="12.4", SETUP_KEEP_BUILD="1"))
+    assert installs and not any("--index-url" in line or "torch==" in line for line in installs)
+    assert installs[-1].endswith("nvidia-dali-cuda120==2.4.0")
 
 
 def test_a_torch_installed_from_another_index_is_replaced(checkout):
     (checkout / ".venv").mkdir()
-    (checkout / ".venv" / ".torch-index").write_text(cuda_build.CU12_INDEX + "\n")
+    (checkout / ".venv" / ".build").write_text(f"{cuda_build.CU12_INDEX}\nnvidia-dali-cuda120==2.4.0\n")
     # The driver went from CUDA 12 to 13: PyPI's torch replaces the cu126 one of the same version.
     out = setup_dry(checkout, cuda="13.0")
     assert any("--force-reinstall" in line and cuda_build.TORCH_PINS in line and "--index-url" not in line
