@@ -159,3 +159,8 @@ def alive(pid) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_tests_it_leaves_out_are_the_ones_its_own_checks_repeat():
+    source = (ROOT / "tests" / "test_gpu.py").read_text()
+    assert f"def {gpu_check.ONE_GPU_MODES_TEST}(" in source
