@@ -56,9 +56,10 @@ def train(name, *args, gpus=1, skip="", **expect) -> Check:
                  tuple((k.replace("__", "."), v) for k, v in expect.items()))
 
 
-def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = True) -> List[Check]:
+def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = True, bf16: bool = True) -> List[Check]:
     """The checks for a machine with `gpus` visible GPUs; what cannot run carries its reason."""
     no_dali = "" if dali else "NVIDIA DALI is not installed"
+    no_bf16 = "" if bf16 else "this GPU has no bf16 (torch.cuda.is_bf16_supported() is False)"
     checks = [Check("gpu-marked tests", "pytest",
                     skip="" if pytest_ok else "pytest is not installed")] if tests else []
     checks += [
@@ -68,7 +69,7 @@ def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = Tr
         *(train(f"ddp_dali {src}", "--mode", "ddp_dali", "--dali-source", src, skip=no_dali,
                 config__dali_source=src) for src in DALI_SOURCES),
         train("fsdp", "--mode", "fsdp"),
-        train("bf16", "--mode", "ddp", "--amp", "bf16", config__amp="bf16"),
+        train("bf16", "--mode", "ddp", "--amp", "bf16", skip=no_bf16, config__amp="bf16"),
         train("fp16 (GradScaler)", "--mode", "ddp", "--amp", "fp16", config__amp="fp16"),
         train("channels_last", "--mode", "ddp", "--channels-last"),
         train("accumulation x2", "--mode", "ddp", "--accum-steps", "2"),
@@ -79,10 +80,11 @@ def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = Tr
               skip="" if nsys else "nsys is not on PATH (scripts/install_nsys.sh)"),
     ]
     if gpus >= 2:
+        amp = "bf16" if bf16 else "fp16"
         checks += [
             train("2 GPUs: dp splits the batch", "--mode", "dp", gpus=2),
             train("2 GPUs: dp --dp-balanced", "--mode", "dp", "--dp-balanced", gpus=2),
-            train("2 GPUs: dp bf16 + activation checkpointing", "--mode", "dp", "--amp", "bf16",
+            train(f"2 GPUs: dp {amp} + activation checkpointing", "--mode", "dp", "--amp", amp,
                   "--activation-checkpointing", gpus=2),
             train("2 GPUs: ddp over NCCL", "--mode", "ddp", gpus=2, env__backend="nccl", env__world_size=2),
             train("2 GPUs: ddp --sync-bn", "--mode", "ddp", "--sync-bn", gpus=2, config__sync_bn=True),
@@ -297,7 +299,9 @@ def main(argv=None) -> int:
     if not dali:
         print("gpu_check: WARNING: NVIDIA DALI is not installed: SKIPPING every ddp_dali check "
               "(pip install nvidia-dali-cuda130==2.4.0, or -cuda120 on a CUDA 12 driver)", file=sys.stderr)
-    checks = plan(gpus, dali=dali, nsys=nsys, pytest_ok=module_present("pytest"), tests=args.tests)
+    import torch
+    checks = plan(gpus, dali=dali, nsys=nsys, pytest_ok=module_present("pytest"), tests=args.tests,
+                  bf16=torch.cuda.is_bf16_supported())
     out = Path(args.out).resolve()
     env = environment()
     print(f"gpu_check: {len(checks)} checks on {gpus} x {env['gpu']}; logs under {out}/runs")

@@ -73,6 +73,7 @@ def test_missing_dali_nsys_or_pytest_skip_their_checks_with_the_reason():
     assert all("DALI" in skipped[n] for n in skipped if "ddp_dali" in n)
     assert "nsys" in skipped["profiled run (nsys)"] and "pytest" in skipped["gpu-marked tests"]
     assert not by_name(checks)["ddp"].skip
+    assert "bf16" in by_name(gpu_check.plan(1, dali=True, nsys=True, pytest_ok=True, bf16=False))["bf16"].skip
     assert "gpu-marked tests" not in by_name(gpu_check.plan(1, dali=True, nsys=True, pytest_ok=True, tests=False))
 
 
