@@ -165,3 +165,15 @@ def alive(pid) -> bool:
 def test_the_tests_it_leaves_out_are_the_ones_its_own_checks_repeat():
     source = (ROOT / "tests" / "test_gpu.py").read_text()
     assert f"def {gpu_check.ONE_GPU_MODES_TEST}(" in source
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_every_planned_run_is_a_valid_command_line_on_that_many_gpus(gpus, tmp_path):
+    # The runs cannot start here, but their options pass train_cifar.py's own validation.
+    from handler.common.config import parse_config
+    runner = gpu_check.Runner(sys.executable, tmp_path)
+    for check in gpu_check.plan(gpus, dali=True, nsys=True, pytest_ok=True):
+        if check.kind in ("train", "resume", "sigterm"):
+            argv = runner.train_cmd(check, tmp_path / "run", "--epochs", "2")[2:]
+            cfg = parse_config(argv, cuda_count=gpus)
+            assert cfg.use_cuda and cfg.num_gpu == check.gpus and cfg.model == "resnet18", check.name
