@@ -81,7 +81,9 @@ def test_profile_0_trains_without_nsys(tmp_path):
 
 
 def test_profile_auto_without_nsys_warns_and_runs_unprofiled(tmp_path):
-    run = launch(tmp_path, "--help", MODE="ddp", PATH=path_without_nsys(tmp_path))
+    failing_installer = tmp_path / "no_install.sh"
+    failing_installer.write_text("exit 1\n")  # never the real installer in a test (it would run apt-get as root)
+    run = launch(tmp_path, "--help", MODE="ddp", PATH=path_without_nsys(tmp_path), NSYS_INSTALLER=str(failing_installer))
     assert run.returncode == 0, run.stderr
     assert "running UNPROFILED" in run.stderr and "usage:" in run.stdout
 
