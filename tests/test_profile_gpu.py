@@ -276,3 +276,35 @@ def test_report_without_gpu_metrics_says_null_not_zero(tmp_path):
     ("PCIe Read Bandwidth [MB/s]", "pcie_rx_mbps"), ("NVLink RX Bandwidth [Throughput %]", None)])
 def test_metric_names_of_different_nsys_releases_map_to_one_key(name, key):
     assert metric_key(name) == key
+
+
+def test_launch_from_a_thread_without_ranges_takes_the_training_threads_phase(tmp_path):
+    """PyTorch launches backward kernels from its autograd device thread, which opens no ranges."""
+    path = tmp_path / "threads.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, text TEXT, textId INTEGER, globalTid INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER,
+                                                 globalPid INTEGER, shortName INTEGER, correlationId INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, globalTid INTEGER, correlationId INTEGER);
+        INSERT INTO StringIds VALUES (1, 'k');
+    """)
+    main, helper, loader = 5 << 24 | 5, 5 << 24 | 6, 5 << 24 | 7
+    db.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, NULL, ?)", [
+        (0, 1000 * MS, "epoch 0", main), (0, 1000 * MS, "batch 0", main), (0, 100 * MS, "data", main),
+        (100 * MS, 400 * MS, "forward", main), (400 * MS, 900 * MS, "backward", main),
+        (500 * MS, 600 * MS, "h2d", loader)])  # a loader thread copying while backward runs
+    # (launch start, thread, kernel start, kernel end); kernels run later than their launch.
+    launches = [(150 * MS, main, 300 * MS, 450 * MS), (450 * MS, helper, 460 * MS, 700 * MS),
+                (550 * MS, loader, 700 * MS, 720 * MS), (950 * MS, main, 950 * MS, 960 * MS)]
+    for corr, (launch, tid, start, end) in enumerate(launches):
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?)", (launch, launch + 10, tid, corr))
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, ?, 1, ?)", (start, end, 5 << 24, corr))
+    db.commit()
+    db.close()
+    gpu = summarize(load_trace(path))["ranks"][0]["gpu"]
+    # The loader thread's own open range wins over the training thread's backward.
+    assert gpu["phase_kernel_s"] == pytest.approx({"data": 0, "h2d": 0.02, "forward": 0.15, "backward": 0.24,
+                                                   "optimizer": 0})
+    assert gpu["unattributed_s"] == pytest.approx(0.01)  # launched at 950 ms, when no phase was open
