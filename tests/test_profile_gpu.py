@@ -273,7 +273,8 @@ def test_report_without_gpu_metrics_says_null_not_zero(tmp_path):
     ("SMs Active [Throughput %]", "sm_active_pct"), ("SM Active", None),
     ("SM Issue [Throughput %]", "sm_issue_pct"), ("Compute Warps in Flight [Throughput %]", "warps_in_flight_pct"),
     ("DRAM Bandwidth [Throughput %]", "dram_bw_pct"), ("PCIe TX Throughput [Throughput %]", "pcie_tx_pct"),
-    ("PCIe Read Bandwidth [MB/s]", "pcie_rx_mbps"), ("NVLink RX Bandwidth [Throughput %]", None)])
+    ("PCIe Read Bandwidth [MB/s]", "pcie_rx_mbps"), ("NVLink RX Bandwidth [Throughput %]", None),
+    ("Compute Warps In Flight [Throughput %]", "warps_in_flight_pct"), ("Pixel Warps in Flight [Throughput %]", None)])
 def test_metric_names_of_different_nsys_releases_map_to_one_key(name, key):
     assert metric_key(name) == key
 

@@ -17,7 +17,7 @@ from .stats import percentile
 METRICS = (
     ("sm_active", re.compile(r"^SMs? Active", re.I)),
     ("sm_issue", re.compile(r"^SMs? Issue", re.I)),
-    ("warps_in_flight", re.compile(r"Warps in Flight|Occupancy", re.I)),
+    ("warps_in_flight", re.compile(r"^(Compute Warps in Flight|Achieved Occupancy)", re.I)),
     ("dram_read", re.compile(r"^DRAM Read", re.I)),
     ("dram_write", re.compile(r"^DRAM Write", re.I)),
     ("dram_bw", re.compile(r"^DRAM (Bandwidth|Throughput)", re.I)),
