@@ -8,6 +8,7 @@
 # LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   DATA_DIR (./data)   CKPT_DIR (ckpt/<run name>/<start time>)
 # NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
 # PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
+# GPU_METRICS 0|1 (0): nsys GPU metrics sampling  NSYS_INSTALLER (scripts/install_nsys.sh)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,6 +22,16 @@ case "$MODE" in
 esac
 
 PROFILE="${PROFILE:-auto}"
+case "$PROFILE" in auto|1|0) ;; *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;; esac
+case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1" ;; esac
+if [[ $PROFILE == auto ]] && ! command -v nsys >/dev/null 2>&1 \
+        && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
+    # A fresh machine profiles too: installing system packages needs root or password-less sudo.
+    installer="${NSYS_INSTALLER:-$ROOT/scripts/install_nsys.sh}"
+    say "nsys not found: installing it first with $installer"
+    bash "$installer" >&2 || say "the nsys install failed (its output is above)"
+    hash -r
+fi
 profiled=0
 case "$PROFILE" in
     0) ;;
@@ -31,9 +42,8 @@ case "$PROFILE" in
               profiled=1
           else
               say "WARNING: nsys not found, running UNPROFILED" \
-                  "(scripts/install_nsys.sh installs it; PROFILE=0 silences this)"
+                  "(scripts/install_nsys.sh installs it, as root or with sudo; PROFILE=0 silences this)"
           fi ;;
-    *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;;
 esac
 
 if [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
@@ -91,6 +101,17 @@ train=("$PYTHON" "$ROOT/train_cifar.py" --mode "$MODE" --num_gpu "$NUM_GPUS" --d
 status=0
 if [[ $profiled == 1 ]]; then
     source "$ROOT/scripts/nsys_options.sh"
+    if [[ "${GPU_METRICS:-0}" == 1 ]]; then
+        if [[ $device == gpu ]]; then
+            mapfile -t metric_opts < <(gpu_metrics_options)
+            NSYS_PROFILE_OPTS+=("${metric_opts[@]}")
+            [[ ${#metric_opts[@]} -gt 0 ]] && say "GPU metrics: sampling with ${metric_opts[*]}" \
+                || export HARNESS_PROFILE_NOTE="GPU_METRICS=1 but nsys could not sample GPU metrics"
+        else
+            say "GPU_METRICS=1 but no GPU is visible; continuing without GPU metrics"
+            export HARNESS_PROFILE_NOTE="GPU_METRICS=1 but no GPU was visible: no GPU metrics"
+        fi
+    fi
     # The trainer records this as env.nsys in its metrics.
     HARNESS_NSYS="$(nsys --version | sed 's/.*version //')" \
         nsys profile "${NSYS_PROFILE_OPTS[@]}" --output "$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME" "${train[@]}" \

@@ -18,3 +18,32 @@ NSYS_PROFILE_OPTS=(
     --cpuctxsw=none
     --force-overwrite=true
 )
+
+# GPU metrics sampling (GPU_METRICS=1): SM active/issue/occupancy, DRAM and PCIe per GPU.
+# nsys renamed the flag: --gpu-metrics-device (2021.2-2023.x), --gpu-metrics-devices (2024.x on).
+# A short probe run finds out whether the driver grants counter access (ERR_NVGPUCTRPERM)
+# and the GPU is supported; if not, one line says how to fix it and the run goes on without.
+# Prints the options to add, one per line (nothing when unavailable); the reason goes to stderr.
+gpu_metrics_options() {
+    local help flag probe out
+    help="$(nsys profile --help 2>&1 || true)"
+    if grep -q -- '--gpu-metrics-devices' <<<"$help"; then
+        flag=--gpu-metrics-devices
+    elif grep -q -- '--gpu-metrics-device' <<<"$help"; then
+        flag=--gpu-metrics-device
+    else
+        echo "GPU metrics: this nsys ($(nsys --version 2>&1 | sed 's/.*version //')) has no --gpu-metrics-device[s] option; install nsys 2021.2 or newer (scripts/install_nsys.sh); continuing without GPU metrics" >&2
+        return 0
+    fi
+    probe="$(mktemp -d)"
+    out="$(nsys profile "$flag=all" --trace=none --sample=none --cpuctxsw=none --force-overwrite=true \
+           --output "$probe/probe" true 2>&1)" || true
+    rm -rf "$probe"
+    if grep -q 'ERR_NVGPUCTRPERM' <<<"$out"; then
+        echo "GPU metrics: the driver refuses GPU performance counters to this user (ERR_NVGPUCTRPERM); run as root or load the driver with NVreg_RestrictProfilingToAdminUsers=0 (https://developer.nvidia.com/ERR_NVGPUCTRPERM); continuing without GPU metrics" >&2
+    elif grep -qiE 'not supported|no (supported|available) (gpu|device)|unsupported|error' <<<"$out"; then
+        echo "GPU metrics: nsys cannot sample this GPU ($(grep -iE 'not supported|unsupported|error' <<<"$out" | head -n 1)); use a Turing or newer GPU with a current nsys; continuing without GPU metrics" >&2
+    else
+        echo "$flag=all"
+    fi
+}

@@ -56,3 +56,59 @@ def path_without_nsys(tmp_path: Path) -> str:
             folder = farm
         entries.append(str(folder))
     return os.pathsep.join(entries)
+
+
+# Real exports of GPU runs (tests/data/nsys/README.md), by nsys version.
+REAL_EXPORTS = {"2026.2": REPO / "tests" / "data" / "nsys" / "nsysai_mfu_2gpu_after.sqlite",
+                "2022.2": REPO / "tests" / "data" / "nsys" / "pipit_saxpy_mpi_cuda_rank0.sqlite"}
+# Each batch: these phases one after another, as fractions of the batch; the last 5 % is "other".
+PHASE_SPLIT = (("data", 0.10), ("h2d", 0.05), ("forward", 0.30), ("backward", 0.40), ("optimizer", 0.10))
+
+
+def with_training_ranges(source: Path, target: Path, batches: int = 4, string_ids: bool = False) -> dict:
+    """Copy a real export and add DESIGN.md §4 ranges for every process that made CUDA calls:
+    a `rank r` mark, `epoch 0` over its CUDA activity, `batches` equal `batch i` ranges, and the
+    phases of PHASE_SPLIT in each, on the thread whose tid is the pid (the main thread).
+    string_ids: store the text in StringIds (textId) instead of inline, as registered strings are.
+    Returns pid -> {"rank", "tid", "epoch": (start, end), "phases": [(name, start, end)], "batches": [...]}."""
+    import shutil
+    import sqlite3
+    shutil.copyfile(source, target)
+    target.chmod(0o644)
+    db = sqlite3.connect(target)
+    runtime = db.execute("SELECT DISTINCT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchall()
+    main_threads = sorted(t for (t,) in runtime if (t >> 24) & 0xFFFFFF == t & 0xFFFFFF)
+    next_id = (db.execute("SELECT MAX(id) FROM StringIds").fetchone()[0] or 0) + 1
+    layout, rows = {}, []
+    for rank, tid in enumerate(main_threads):
+        pid = (tid >> 24) & 0xFFFFFF
+        start = db.execute("SELECT MIN(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE (globalTid >> 24) & 16777215 = ?",
+                           (pid,)).fetchone()[0] - 1000
+        end = max(db.execute(f"SELECT MAX(end) FROM {t} WHERE (globalPid >> 24) & 16777215 = ?", (pid,)).fetchone()[0]
+                  or 0 for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY")) + 1000
+        step = (end - start) // batches
+        entry = {"rank": rank, "tid": tid, "epoch": (start, start + step * batches), "phases": [], "batches": []}
+        rows += [(f"rank {rank}", start - 500, None, tid), ("epoch 0", start, start + step * batches, tid)]
+        for i in range(batches):
+            b0 = start + i * step
+            entry["batches"].append((b0, b0 + step))
+            rows.append((f"batch {i}", b0, b0 + step, tid))
+            at = b0
+            for name, fraction in PHASE_SPLIT:
+                length = int(step * fraction)
+                entry["phases"].append((name, at, at + length))
+                rows.append((name, at, at + length, tid))
+                at += length
+        layout[pid] = entry
+    for text, start, end, tid in rows:
+        if string_ids:
+            db.execute("INSERT INTO StringIds (id, value) VALUES (?, ?)", (next_id, text))
+            db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, textId, globalTid, domainId) "
+                       "VALUES (?, ?, ?, NULL, ?, ?, 0)", (start, end, 34 if end is None else 59, next_id, tid))
+            next_id += 1
+        else:
+            db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId) "
+                       "VALUES (?, ?, ?, ?, ?, 0)", (start, end, 34 if end is None else 59, text, tid))
+    db.commit()
+    db.close()
+    return layout

@@ -58,6 +58,19 @@ def test_cpu_batches_hold_every_phase_but_h2d(profiled):
         assert rank["phases"]["h2d"]["count"] == 0
 
 
+def test_ddp_summary_has_allreduce_ranges_and_a_comm_share(profiled):
+    """handler/DDP/comm_hook.py's `allreduce b{k}` ranges, read back from the nsys report."""
+    summary = summary_of(profiled)
+    for rank in summary["ranks"]:
+        comm = rank["comm"]
+        assert comm["source"] == "allreduce ranges" and comm["allreduce_ranges"] >= EPOCHS * BATCHES
+        assert 0 < comm["share"] < 1 and 0 <= comm["overlap_share"] <= 1
+        assert comm["exposed_s"] == pytest.approx(comm["seconds"] * (1 - comm["overlap_share"]))
+    assert summary["stragglers"]["steps"] == EPOCHS * BATCHES
+    assert sum(summary["stragglers"]["last_rank_counts"].values()) == EPOCHS * BATCHES
+    assert "comm " in summary["one_line"]
+
+
 def test_report_epoch_times_agree_with_metrics(profiled):
     comparison = summary_of(profiled)["metrics_comparison"]
     assert [c["epoch"] for c in comparison] == list(range(EPOCHS))
@@ -81,7 +94,9 @@ def test_profile_0_trains_without_nsys(tmp_path):
 
 
 def test_profile_auto_without_nsys_warns_and_runs_unprofiled(tmp_path):
-    run = launch(tmp_path, "--help", MODE="ddp", PATH=path_without_nsys(tmp_path))
+    failing_installer = tmp_path / "no_install.sh"
+    failing_installer.write_text("exit 1\n")  # never the real installer in a test (it would run apt-get as root)
+    run = launch(tmp_path, "--help", MODE="ddp", PATH=path_without_nsys(tmp_path), NSYS_INSTALLER=str(failing_installer))
     assert run.returncode == 0, run.stderr
     assert "running UNPROFILED" in run.stderr and "usage:" in run.stdout
 

@@ -4,6 +4,8 @@ import inspect
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from .comm_hook import add_allreduce_ranges
+
 
 def no_buffer_sync(ddp_class=DistributedDataParallel) -> dict:
     """torch 2.13 renamed broadcast_buffers to forward_sync_buffers; 2.6-2.12 know only the old name."""
@@ -27,5 +29,6 @@ def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False) -> DistributedDa
     if sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     device = next(model.parameters()).device
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   **no_buffer_sync())
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                  **no_buffer_sync())
+    return add_allreduce_ranges(ddp)  # `allreduce b{k}` NVTX ranges when profiled

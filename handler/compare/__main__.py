@@ -53,6 +53,9 @@ def parse_args(argv):
     p.add_argument("--out", type=Path, help="output folder (default: reports/compare-<timestamp>)")
     p.add_argument("--profile", choices=("auto", "1", "0"), default="auto",
                    help="run cells under nsys: auto (when nsys is on PATH), 1 (require it) or 0")
+    p.add_argument("--gpu-metrics", action="store_true",
+                   help="add nsys GPU metrics sampling (SM active, DRAM, PCIe) to every profiled cell "
+                        "(GPU_METRICS=1 for scripts/launch.sh)")
     p.add_argument("--extra", default="", metavar="ARGS", help="train_cifar.py options for every cell, one string")
     p.add_argument("--timeout", type=float, default=0, metavar="S",
                    help="stop a cell after S seconds and record it as failed (default: no limit)")
@@ -93,7 +96,8 @@ def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list)
         reason = skip_reason(cell, gpus)
         try:
             outcome = skipped(cell, reason) if reason else run_cell(
-                cell, out, profile=profile, train_args=args.train_args, timeout_s=args.timeout)
+                cell, out, profile=profile, train_args=args.train_args, timeout_s=args.timeout,
+                gpu_metrics=args.gpu_metrics)
         except KeyboardInterrupt:
             outcomes.append(Outcome(cell, "interrupted", error="stopped by Ctrl-C or SIGTERM"))
             raise
@@ -113,6 +117,9 @@ def main(argv=None) -> int:
     counts = parse_counts(args.counts) if args.counts else default_counts(gpus)
     cells = matrix(variants, counts)
     profile = use_nsys(args.profile)
+    if args.gpu_metrics and not profile:
+        raise UserError("--gpu-metrics samples through nsys, but this comparison is not profiled; "
+                        "drop --profile 0 (or install nsys with scripts/install_nsys.sh)")
     out = args.out or Path("reports") / time.strftime("compare-%Y%m%d-%H%M%S")
     if (out / "cells").exists():  # its cells' checkpoints and reports would be replaced
         raise UserError(f"--out {out} already holds a comparison; choose another --out (or remove that folder)")

@@ -30,6 +30,9 @@ def write_plots(rows, out: Path) -> dict:
     written["Speed-up and scaling efficiency"] = "scaling.png"
     _save(_phases(rows), out / "phases.png")
     written["Where training time goes"] = "phases.png"
+    if any(r.gpu_metrics for r in rows):
+        _save(_gpu_metrics(rows), out / "gpu_metrics.png")
+        written["GPU metrics inside training epochs"] = "gpu_metrics.png"
     return written
 
 
@@ -39,7 +42,7 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def _grouped_bars(ax, rows, key: str, ylabel: str) -> None:
+def _grouped_bars(ax, rows, key: str, ylabel: str, value=getattr) -> None:
     """One group per process count, one bar per variant; a failed or skipped cell is named, not drawn."""
     labels = list(dict.fromkeys(r.label for r in rows))
     counts = sorted({r.count for r in rows})
@@ -48,9 +51,9 @@ def _grouped_bars(ax, rows, key: str, ylabel: str) -> None:
         for j, count in enumerate(counts):
             row = next((r for r in rows if r.label == label and r.count == count), None)
             x = j + (i - (len(labels) - 1) / 2) * width
-            value = getattr(row, key) if row else None
-            if value is not None:
-                ax.bar(x, value, width, color=f"C{i}", label=label)
+            height = value(row, key) if row else None
+            if height is not None:
+                ax.bar(x, height, width, color=f"C{i}", label=label)
             elif row is not None:
                 ax.text(x, 0, row.status, rotation=90, ha="center", va="bottom", fontsize=8,
                         color="red" if row.status == "failed" else "grey")
@@ -99,7 +102,7 @@ def _phases(rows):
                 ha="center", va="center", fontsize=12, transform=ax.transAxes)
         ax.set_axis_off()
         return fig
-    names = [r.name if r.phase_source == "nsys" else f"{r.name} (timers)" for r in profiled]
+    names = [r.name if r.phase_source == "nsys" else f"{r.name} ({r.phase_source})" for r in profiled]
     left = [0.0] * len(profiled)
     for phase in SHARES:
         widths = [100 * r.phases[phase] for r in profiled]
@@ -109,4 +112,22 @@ def _phases(rows):
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of training time (%)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return fig
+
+
+# The lab's views: SM active (higher with DALI), DRAM, and PCIe TX/RX (one-sided for DP,
+# simultaneous for DDP's all-reduce). Units follow what the nsys release reports.
+GPU_METRIC_PANELS = (("sm_active_pct", "SM active (%)"), ("sm_issue_pct", "SM issue (%)"),
+                     ("dram_bw_pct", "DRAM bandwidth (%)"), ("pcie_tx_mbps", "PCIe TX (MB/s)"),
+                     ("pcie_rx_mbps", "PCIe RX (MB/s)"), ("pcie_tx_pct", "PCIe TX (%)"),
+                     ("pcie_rx_pct", "PCIe RX (%)"))
+
+
+def _gpu_metrics(rows):
+    """One panel per metric that some cell sampled: bars per mode, grouped by GPU count."""
+    panels = [(k, label) for k, label in GPU_METRIC_PANELS if any(k in (r.gpu_metrics or {}) for r in rows)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), squeeze=False)
+    for ax, (key, label) in zip(axes[:, 0], panels):
+        _grouped_bars(ax, rows, key, label, value=lambda row, k: (row.gpu_metrics or {}).get(k))
+        ax.set_title(f"{label.split(' (')[0]}, mean inside training epochs")
     return fig

@@ -25,7 +25,7 @@ def phases(row) -> str:
     if not row.phases:
         return NA
     shares = " · ".join(f"{SHORT[p]} {100 * row.phases[p]:.0f}%" for p in SHARES if row.phases[p] >= 0.005)
-    return shares if row.phase_source == "nsys" else f"{shares} (loop timers)"
+    return shares if row.phase_source == "nsys" else f"{shares} ({row.phase_source})"
 
 
 def _cell(text: str) -> str:

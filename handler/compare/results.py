@@ -35,7 +35,8 @@ class Row:
     ideal: Optional[float] = None
     efficiency: Optional[float] = None
     phases: Optional[dict] = None  # share of training time per phase
-    phase_source: str = ""  # "nsys", or "loop timers" from the metrics' epochs[].phase_s
+    phase_source: str = ""  # "nsys", "nsys GPU time" (GPU runs), or "loop timers" from epochs[].phase_s
+    gpu_metrics: Optional[dict] = None  # metric key -> mean over the cell's GPUs of the in-epoch mean
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -61,18 +62,38 @@ def _row(outcome) -> Row:
     row.images_per_s = median(e["images_per_s"] for e in steady)
     row.data_wait_share = sum(e["data_wait_s"] for e in steady) / sum(e["time_s"] for e in steady)
     row.test_acc = (outcome.metrics.get("test") or {}).get("acc")
-    row.phases = nsys_shares(outcome.profile)
-    row.phase_source = "nsys" if row.phases else ""
+    row.phases, row.phase_source = nsys_shares(outcome.profile)
+    row.gpu_metrics = gpu_metric_means(outcome.profile)
     if row.phases is None and all("phase_s" in e for e in steady):
         row.phases, row.phase_source = timer_shares(steady), "loop timers"
     return row
 
 
-def nsys_shares(summary: Optional[dict]) -> Optional[dict]:
-    """Shares of batch time per phase, pooled over ranks, from the nsys NVTX ranges."""
+def nsys_shares(summary: Optional[dict]) -> tuple:
+    """(shares, source). CPU runs: shares of batch time per phase from the NVTX ranges.
+    GPU runs: the GPU-side view, shares of the GPUs' training time spent on work each phase
+    launched, with `data` the GPU idle while the CPU waits for data (docs/PROFILING.md)."""
     if not summary:
-        return None
-    return _with_other({p: summary["overall"]["phase_shares"].get(p) or 0.0 for p in PHASES})
+        return None, ""
+    overall = summary["overall"]
+    if overall.get("gpu_phase_shares"):
+        shares = {p: overall["gpu_phase_shares"].get(p) or 0.0 for p in PHASES}
+        shares["data"] = overall.get("gpu_data_stall_share") or 0.0
+        source = "nsys GPU time"
+    else:
+        shares, source = {p: overall["phase_shares"].get(p) or 0.0 for p in PHASES}, "nsys"
+    shares = _with_other(shares)
+    return shares, source if shares else ""
+
+
+def gpu_metric_means(summary: Optional[dict]) -> Optional[dict]:
+    """Each GPU metric's in-epoch mean, averaged over the cell's GPUs (every rank's)."""
+    values = {}
+    for rank in (summary or {}).get("ranks", ()):
+        for device in (rank.get("gpu_metrics") or {}).values():
+            for key, stat in device.items():
+                values.setdefault(key, []).append(stat["mean"])
+    return {key: sum(v) / len(v) for key, v in values.items()} or None
 
 
 def timer_shares(epochs) -> Optional[dict]:

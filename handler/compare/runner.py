@@ -37,8 +37,9 @@ class Outcome:
     wall_s: float = 0.0
 
 
-def cell_environment(cell: Cell, folder: Path, profile: bool) -> dict:
+def cell_environment(cell: Cell, folder: Path, profile: bool, gpu_metrics: bool = False) -> dict:
     return {"MODE": cell.variant.mode, "NUM_GPUS": str(cell.count), "PROFILE": "1" if profile else "0",
+            "GPU_METRICS": "1" if gpu_metrics else "0",
             "NSIGHT_LOG_DIR": str(folder), "NSIGHT_FILE_NAME": cell.slug, "CKPT_DIR": str(folder / "ckpt"),
             "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
 
@@ -48,25 +49,27 @@ def cell_command(cell: Cell, train_args) -> list:
     return ["bash", str(LAUNCH), "--no-progress", *train_args, *cell.variant.args]
 
 
-def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args) -> str:
-    env = cell_environment(cell, folder, profile)
-    shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("MODE", "NUM_GPUS", "PROFILE"))
+def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args, gpu_metrics: bool = False) -> str:
+    env = cell_environment(cell, folder, profile, gpu_metrics)
+    shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("MODE", "NUM_GPUS", "PROFILE", "GPU_METRICS")
+                     if k != "GPU_METRICS" or gpu_metrics)
     args = shlex.join(["scripts/launch.sh", "--no-progress", *train_args, *cell.variant.args])
     return f"{shown} {args}"
 
 
-def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: float = 0) -> Outcome:
+def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: float = 0,
+             gpu_metrics: bool = False) -> Outcome:
     """Train one cell; any failure becomes the Outcome's status, never an exception
     (except Ctrl-C, which stops the cell and goes on up)."""
     folder = out / "cells" / cell.slug
     folder.mkdir(parents=True, exist_ok=True)
     outcome = Outcome(cell, "failed", folder=str(folder.relative_to(out)),
-                      command=reproduce_line(cell, folder, profile, train_args))
+                      command=reproduce_line(cell, folder, profile, train_args, gpu_metrics))
     started = time.perf_counter()
     with open(folder / "stdout.log", "w") as stdout, open(folder / "stderr.log", "w") as stderr:
         # Its own session: a timeout or Ctrl-C can then stop the ranks and nsys too.
         proc = subprocess.Popen(cell_command(cell, train_args), cwd=os.getcwd(), stdout=stdout, stderr=stderr,
-                                env={**os.environ, **cell_environment(cell, folder, profile)},
+                                env={**os.environ, **cell_environment(cell, folder, profile, gpu_metrics)},
                                 start_new_session=True)
         try:
             outcome.exit_code = proc.wait(timeout=timeout_s or None)

@@ -6,6 +6,10 @@ inflate training shares. Shares are of summed batch time; what no phase covers i
 import bisect
 import re
 
+from .comm import comm_stats, first_comm_starts, stragglers
+from .gpu_metrics import summarize_metrics
+from .gpu_view import gpu_stats
+from .stats import percentile as _percentile
 from .trace import EPOCH, GpuActivity, Process, Range, Trace
 
 PHASES = ("data", "h2d", "forward", "backward", "optimizer")
@@ -14,20 +18,24 @@ BATCH = re.compile(r"batch \d+")
 
 
 def summarize(trace: Trace, metrics: dict | None = None) -> dict:
-    ranks = [_rank(p, trace.gpu) for p in trace.processes]
+    ranks = [_rank(p, trace.gpu, trace.metrics) for p in trace.processes]
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,
                "ranks": ranks, "overall": _overall(ranks)}
+    summary["stragglers"] = stragglers({p.rank: _first_comm(p, trace.gpu) for p in trace.processes})
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     return summary
 
 
-def _rank(process: Process, gpu: tuple[GpuActivity, ...] | None) -> dict:
+def _rank(process: Process, gpu: tuple[GpuActivity, ...] | None, metrics) -> dict:
     epochs = sorted((int(EPOCH.fullmatch(r.name).group(1)), r) for r in process.ranges
                     if EPOCH.fullmatch(r.name))
     batches = sorted((r for r in process.ranges if BATCH.fullmatch(r.name)), key=lambda r: r.start)
     batch_total = sum(b.seconds for b in batches)
-    phase_time = _phase_seconds(process.ranges, batches)
-    span = (epochs[0][1].start, max(r.end for _, r in epochs)) if epochs else None
+    phase_ranges = _phase_ranges(process.ranges, batches)
+    phase_time = {name: (len(rs), sum(r.seconds for r in rs)) for name, rs in phase_ranges.items()}
+    activity = [a for a in gpu if a.pid == process.pid] if gpu is not None else None
+    gpu_view = gpu_stats(activity, [r for rs in phase_ranges.values() for r in rs], PHASES,
+                         [r for _, r in epochs], batches[0].tid if batches else None) if gpu is not None else None
     return {
         "rank": process.rank, "pid": process.pid,
         "epochs": [{"epoch": e, "time_s": r.seconds} for e, r in epochs],
@@ -37,21 +45,37 @@ def _rank(process: Process, gpu: tuple[GpuActivity, ...] | None) -> dict:
         "other_share": _ratio(batch_total - sum(t for _, t in phase_time.values()), batch_total),
         "outside_training": {name: _totals([r for r in process.ranges if r.name == name])
                              for name in OUTSIDE_TRAINING},
-        "gpu": _gpu_stats([a for a in gpu if a.pid == process.pid], span) if gpu is not None else None,
+        "gpu": gpu_view,
+        "comm": comm_stats(process.ranges, batches, activity),
+        "gpu_metrics": summarize_metrics(metrics, set(gpu_view["devices"]) if gpu_view else set(),
+                                         [(r.start, r.end) for _, r in epochs]) if metrics else None,
     }
 
 
-def _phase_seconds(ranges: tuple[Range, ...], batches: list[Range]) -> dict:
-    """name -> (count, seconds) of the phase ranges that lie inside some batch."""
+def _phase_ranges(ranges: tuple[Range, ...], batches: list[Range]) -> dict:
+    """name -> the phase ranges that lie inside some batch."""
     starts = [b.start for b in batches]
-    found = {name: (0, 0.0) for name in PHASES}
+    found = {name: [] for name in PHASES}
     for r in ranges:
         if r.name in found:
             i = bisect.bisect_right(starts, r.start) - 1
             if i >= 0 and r.end <= batches[i].end:
-                count, seconds = found[r.name]
-                found[r.name] = (count + 1, seconds + r.seconds)
+                found[r.name].append(r)
     return found
+
+
+def _first_comm(process: Process, gpu) -> dict:
+    """Steps are named by (epoch number, batch name), so ranks are compared batch by batch."""
+    epochs = sorted((r for r in process.ranges if EPOCH.fullmatch(r.name)), key=lambda r: r.start)
+    starts = [e.start for e in epochs]
+    keyed = []
+    for b in process.ranges:
+        if BATCH.fullmatch(b.name):
+            i = bisect.bisect_right(starts, b.start) - 1
+            if i >= 0 and b.end <= epochs[i].end:
+                keyed.append(((EPOCH.fullmatch(epochs[i].name).group(1), b.name), b))
+    activity = [a for a in gpu if a.pid == process.pid] if gpu is not None else None
+    return first_comm_starts(process.ranges, keyed, activity)
 
 
 def _totals(ranges: list[Range]) -> dict:
@@ -63,40 +87,6 @@ def _batch_stats(seconds: list[float]) -> dict:
     stats = {"count": len(ms), "total_s": sum(seconds), "mean_ms": sum(ms) / len(ms) if ms else None}
     stats.update({f"p{q}_ms": _percentile(ms, q) for q in (50, 95, 99)})
     return stats
-
-
-def _percentile(ordered: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not ordered:
-        return None
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def _gpu_stats(activity: list[GpuActivity], span: tuple[int, int] | None) -> dict:
-    kernels = [a for a in activity if a.name is not None]
-    kernel_s = sum(a.end - a.start for a in kernels) / 1e9
-    nccl_s = sum(a.end - a.start for a in kernels if "nccl" in a.name.lower()) / 1e9
-    devices = sorted({a.device for a in activity})
-    idle = None
-    if span and devices:
-        busy = sum(_covered([(a.start, a.end) for a in activity if a.device == d], span) for d in devices)
-        idle = 1 - busy / ((span[1] - span[0]) * len(devices))
-    return {"kernel_time_s": kernel_s, "nccl_time_s": nccl_s, "kernels": len(kernels), "devices": devices,
-            "idle_share": idle, "nccl_share": _ratio(nccl_s, kernel_s)}
-
-
-def _covered(intervals: list[tuple[int, int]], span: tuple[int, int]) -> int:
-    """Nanoseconds of span covered by the union of the intervals."""
-    total, reach = 0, span[0]
-    for start, end in sorted(intervals):
-        start, end = max(start, reach), min(end, span[1])
-        if end > start:
-            total += end - start
-            reach = end
-    return total
 
 
 def _overall(ranks: list[dict]) -> dict:
@@ -112,7 +102,26 @@ def _overall(ranks: list[dict]) -> dict:
         "epoch_mean_s": _mean([e["time_s"] for e in first]),
         "gpu_idle_share": _mean([g["idle_share"] for g in gpus if g["idle_share"] is not None]),
         "nccl_share": _ratio(sum(g["nccl_time_s"] for g in gpus), sum(g["kernel_time_s"] for g in gpus)),
+        **_gpu_overall(gpus), **_comm_overall([r["comm"] for r in ranks if r["comm"]], batch_total),
     }
+
+
+def _gpu_overall(gpus: list[dict]) -> dict:
+    """The GPU-side view, pooled: each phase's GPU time and the data stall as shares of the
+    GPUs' training time (epochs x devices)."""
+    training = sum(g["training_s"] or 0.0 for g in gpus)
+    return {"gpu_phase_shares": {p: _ratio(sum(g["phase_kernel_s"][p] for g in gpus), training) for p in PHASES}
+            if gpus else None,
+            "gpu_data_stall_share": _ratio(sum(g["data_stall_s"] or 0.0 for g in gpus), training) if gpus else None}
+
+
+def _comm_overall(comms: list[dict], batch_total: float) -> dict:
+    if not comms:
+        return {"comm_share": None, "comm_exposed_share": None, "comm_overlap_share": None}
+    seconds = sum(c["seconds"] for c in comms)
+    exposed = sum(c["exposed_s"] for c in comms)
+    return {"comm_share": _ratio(seconds, batch_total), "comm_exposed_share": _ratio(exposed, batch_total),
+            "comm_overlap_share": _ratio(seconds - exposed, seconds)}
 
 
 def _compare(rank0: dict, metrics: dict) -> list[dict]:

@@ -14,13 +14,22 @@ def num(value: float | None, digits: int = 2) -> str:
 
 
 def one_line(summary: dict) -> str:
+    """CPU runs: shares of batch time from the NVTX ranges. GPU runs: the GPU-side view,
+    shares of the GPUs' training time spent on work each phase launched, and data-stall as
+    GPU idle while the CPU waits for data."""
     overall = summary["overall"]
+    gpu = summary["gpu_trace"] and overall.get("gpu_phase_shares") is not None
+    shares = overall["gpu_phase_shares"] if gpu else overall["phase_shares"]
     # An absent phase (h2d on CPU) took no time.
-    parts = [f"{LABELS.get(p, p)} {pct(overall['phase_shares'][p] or 0.0)}" for p in PHASES]
+    parts = [f"{LABELS.get(p, p)} {pct(shares[p] or 0.0)}" for p in PHASES]
+    if gpu:
+        parts[0] = f"data-stall {pct(overall['gpu_data_stall_share'] or 0.0)}"
     parts.append(f"epoch {num(overall['epoch_mean_s'])} s")
     if summary["gpu_trace"]:
         parts += [f"gpu idle {pct(overall['gpu_idle_share'])}", f"nccl {pct(overall['nccl_share'])}"]
-    return "profile: " + ", ".join(parts)
+    if overall.get("comm_share") is not None:
+        parts.append(f"comm {pct(overall['comm_share'])} (exposed {pct(overall['comm_exposed_share'])})")
+    return "profile: " + ", ".join(parts) + (" [GPU time]" if gpu else "")
 
 
 def markdown(summary: dict, title: str) -> str:
@@ -39,11 +48,19 @@ def markdown(summary: dict, title: str) -> str:
                       [[str(r["rank"]), *(_count_time(r["outside_training"][n]) for n in OUTSIDE_TRAINING)]
                        for r in ranks])
     if summary["gpu_trace"]:
-        lines += _section("GPU", "Idle is over each rank's training span (first epoch start to last epoch end).",
-                          ["rank", "devices", "kernels", "kernel s", "idle", "nccl share of kernel time"],
+        lines += _section("GPU", "Idle and data-stall are shares of the GPUs' time inside training epochs; "
+                          "data-stall is GPU idle while the training thread waits in `data`.",
+                          ["rank", "devices", "kernels", "kernel s", "idle", "data-stall", "nccl share of kernel time"],
                           [_gpu_row(r["rank"], r["gpu"]) for r in ranks])
+        lines += _section("GPU time per phase (s)", "Kernels, copies and memsets, by the phase whose range was "
+                          "open on the launching thread when the CUDA call started.",
+                          ["rank", *(LABELS.get(p, p) for p in PHASES), "unattributed"],
+                          [[str(r["rank"]), *(num(r["gpu"]["phase_kernel_s"][p], 3) for p in PHASES),
+                            num(r["gpu"]["unattributed_s"], 3)] for r in ranks])
     else:
         lines += ["## GPU", "", f"{NA}: no CUDA activity in this report (CPU-only run).", ""]
+    lines += _comm_sections(summary)
+    lines += _metrics_section(ranks)
     if summary.get("metrics_comparison") is not None:
         lines += _section("nsys vs metrics JSON (epoch time, first rank)",
                           None if summary["metrics_comparison"] else "No epoch appears in both.",
@@ -80,4 +97,41 @@ def _count_time(totals: dict) -> str:
 
 def _gpu_row(rank: int, gpu: dict) -> list[str]:
     return [str(rank), ",".join(map(str, gpu["devices"])) or NA, str(gpu["kernels"]),
-            num(gpu["kernel_time_s"]), pct(gpu["idle_share"]), pct(gpu["nccl_share"])]
+            num(gpu["kernel_time_s"]), pct(gpu["idle_share"]), pct(gpu["data_stall_share"]), pct(gpu["nccl_share"])]
+
+
+def _comm_sections(summary: dict) -> list[str]:
+    ranks = [r for r in summary["ranks"] if r.get("comm")]
+    if not ranks:
+        return ["## Communication", "", f"{NA}: no `allreduce b{{k}}` ranges or NCCL kernels in this report.", ""]
+    lines = _section("Communication", "Comm is the union of all-reduce time inside batches; overlap is the part "
+                     "hidden behind compute, exposed the rest.",
+                     ["rank", "source", "buckets", "comm s", "share of batch time", "overlapped", "exposed s"],
+                     [[str(r["rank"]), r["comm"]["source"], str(r["comm"]["buckets"]), num(r["comm"]["seconds"], 3),
+                       pct(r["comm"]["share"]), pct(r["comm"]["overlap_share"]), num(r["comm"]["exposed_s"], 3)]
+                      for r in ranks])
+    s = summary.get("stragglers")
+    if s:
+        lines += _section("Stragglers", "Per step, the spread across ranks of the first all-reduce's start.",
+                          ["steps", "p50 ms", "p95 ms", "max ms", "last most often", "times last per rank"],
+                          [[str(s["steps"]), num(s["p50_ms"]), num(s["p95_ms"]), num(s["max_ms"]),
+                            f"rank {s['most_often_last']}",
+                            ", ".join(f"{r}: {n}" for r, n in s["last_rank_counts"].items())]])
+    return lines
+
+
+METRIC_COLUMNS = ("sm_active_pct", "sm_issue_pct", "warps_in_flight_pct", "dram_bw_pct",
+                  "pcie_tx_mbps", "pcie_rx_mbps", "pcie_tx_pct", "pcie_rx_pct")
+
+
+def _metrics_section(ranks: list[dict]) -> list[str]:
+    rows = [[str(r["rank"]), device, *(_mean_p95(values.get(k)) for k in METRIC_COLUMNS)]
+            for r in ranks for device, values in (r.get("gpu_metrics") or {}).items()]
+    if not rows:
+        return []
+    return _section("GPU metrics (mean / p95 inside training epochs)", None,
+                    ["rank", "GPU", *METRIC_COLUMNS], rows)
+
+
+def _mean_p95(stat: dict | None) -> str:
+    return NA if stat is None else f"{stat['mean']:.1f} / {stat['p95']:.1f}"

@@ -1,0 +1,80 @@
+"""The GPU side of a rank: which phase launched each kernel, copy and memset, and when the GPU idles.
+
+On a GPU the `forward`/`backward`/`optimizer` ranges time only the CPU's launches; the
+kernels run later. So GPU time is attributed to the phase range that was innermost-open on
+the launching thread when its CUDA runtime call started (linked by correlationId).
+Launches from a thread that never opens a phase (PyTorch's autograd device threads run the
+backward kernels' launches) take the phase open on the training thread at that moment.
+"""
+import bisect
+
+from .stats import intersect, length, merge
+
+NCCL = "nccl"
+
+
+class PhaseLookup:
+    """Innermost phase range open at a time, per thread; ranges on one thread nest (push/pop)."""
+
+    def __init__(self, phase_ranges):
+        self.by_thread = {}
+        for r in sorted(phase_ranges, key=lambda r: (r.start, -r.end)):
+            self.by_thread.setdefault(r.tid, []).append(r)
+        self.parents = {tid: _parents(rs) for tid, rs in self.by_thread.items()}
+        self.starts = {tid: [r.start for r in rs] for tid, rs in self.by_thread.items()}
+
+    def phase(self, tid: int, time: int) -> str | None:
+        ranges = self.by_thread.get(tid)
+        if ranges is None:
+            return None
+        i = bisect.bisect_right(self.starts[tid], time) - 1
+        while i >= 0 and ranges[i].end <= time:
+            i = self.parents[tid][i]
+        return ranges[i].name if i >= 0 else None
+
+
+def _parents(ranges) -> list[int]:
+    parents, stack = [], []
+    for i, r in enumerate(ranges):
+        while stack and ranges[stack[-1]].end <= r.start:
+            stack.pop()
+        parents.append(stack[-1] if stack else -1)
+        stack.append(i)
+    return parents
+
+
+def gpu_stats(activity, phase_ranges, phases, epochs, training_tid) -> dict:
+    """activity: this rank's GpuActivity; phase_ranges: phase ranges inside batches;
+    epochs: the rank's epoch ranges; training_tid: the thread holding the batch ranges."""
+    lookup = PhaseLookup(phase_ranges)
+    kernels = [a for a in activity if a.name is not None]
+    kernel_s = sum(a.end - a.start for a in kernels) / 1e9
+    nccl_s = sum(a.end - a.start for a in kernels if NCCL in a.name.lower()) / 1e9
+    phase_ns = {p: 0 for p in phases}
+    unattributed = 0
+    for a in activity:
+        phase = None
+        if a.launched is not None:
+            phase = lookup.phase(a.tid, a.launched) if a.tid in lookup.by_thread else \
+                lookup.phase(training_tid, a.launched)
+        if phase in phase_ns:
+            phase_ns[phase] += a.end - a.start
+        else:
+            unattributed += a.end - a.start
+    devices = sorted({a.device for a in activity})
+    spans = merge((r.start, r.end) for r in epochs)
+    capacity = length(spans) * len(devices)
+    busy = {d: intersect(merge((a.start, a.end) for a in activity if a.device == d), spans) for d in devices}
+    idle_ns = capacity - sum(length(b) for b in busy.values())
+    data = intersect(merge((r.start, r.end) for r in phase_ranges if r.name == "data"), spans)
+    stall_ns = sum(length(data) - length(intersect(data, b)) for b in busy.values())
+    return {"kernel_time_s": kernel_s, "nccl_time_s": nccl_s, "kernels": len(kernels), "devices": devices,
+            "activity_s": sum(a.end - a.start for a in activity) / 1e9,
+            "training_s": capacity / 1e9 if devices else None,
+            "idle_s": idle_ns / 1e9 if devices else None,
+            "idle_share": idle_ns / capacity if capacity else None,
+            "nccl_share": nccl_s / kernel_s if kernel_s else None,
+            "phase_kernel_s": {p: ns / 1e9 for p, ns in phase_ns.items()},
+            "unattributed_s": unattributed / 1e9,
+            "data_stall_s": stall_ns / 1e9 if devices else None,
+            "data_stall_share": stall_ns / capacity if capacity else None}
