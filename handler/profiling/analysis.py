@@ -6,6 +6,7 @@ inflate training shares. Shares are of summed batch time; what no phase covers i
 import bisect
 import re
 
+from .bubble import pipeline_stats
 from .trace import EPOCH, GpuActivity, Process, Range, Trace
 
 PHASES = ("data", "h2d", "forward", "backward", "optimizer")
@@ -15,6 +16,8 @@ BATCH = re.compile(r"batch \d+")
 
 def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     ranks = [_rank(p, trace.gpu) for p in trace.processes]
+    for rank, stage in zip(ranks, pipeline_stats(trace.processes)):  # pp runs only; else None
+        rank["pipeline"] = stage
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,
                "ranks": ranks, "overall": _overall(ranks)}
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
