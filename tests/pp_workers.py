@@ -9,16 +9,20 @@ from handler.DDP.utils import destroy_process, initialize_group
 from handler.PP.checkpoint import PipelineState
 from handler.PP.schedule import model_to_pipeline
 from handler.PP.step import pipeline_step
+from models import MODELS
 from models.resnet import ResNet
 from tests.dist_workers import fixed_batches
 
 STEPS, BATCH = 3, 16
 
 
-def tiny_resnet():
+def tiny_resnet(num_classes=10):
     """Two ResNet stages with BatchNorm: small enough for a test, splittable in two."""
     torch.manual_seed(0)
-    return ResNet((4, 8), (1, 1), 10, shortcut="A")
+    return ResNet((4, 8), (1, 1), num_classes, shortcut="A")
+
+
+MODELS.setdefault("pp_tiny", tiny_resnet)  # PipelineState finds the whole model's layout by name
 
 
 def run_steps(model, params, batches, accum_steps=1, optimise=None):
@@ -34,17 +38,17 @@ def run_steps(model, params, batches, accum_steps=1, optimise=None):
 
 
 def accumulation_result(microbatches):
-    """One process with --accum-steps M on the same batches: (state_dict, per-step sums)."""
+    """One process with --accum-steps M on the same batches: (state_dict, optimizer state, per-step sums)."""
     model = tiny_resnet()
-    _, sums = run_steps(model, model.parameters(), fixed_batches(STEPS, BATCH), accum_steps=microbatches)
-    return model.state_dict(), sums
+    optimizer, sums = run_steps(model, model.parameters(), fixed_batches(STEPS, BATCH), accum_steps=microbatches)
+    return model.state_dict(), optimizer.state_dict(), sums
 
 
 class _Config:
     """The fields PipelineState reads."""
 
     def __init__(self, rank, world):
-        self.model, self.rank, self.world_size, self.is_main = "resnet20", rank, world, rank == 0
+        self.model, self.rank, self.world_size, self.is_main = "pp_tiny", rank, world, rank == 0
 
 
 def pp_worker(proc_id, world, port, microbatches, schedule, out_dir):
