@@ -51,22 +51,24 @@ class _Config:
         self.model, self.rank, self.world_size, self.is_main = "pp_tiny", rank, world, rank == 0
 
 
-def pp_worker(proc_id, world, port, microbatches, schedule, out_dir):
-    """Train the tiny model as a W-stage pipeline with the pp step; rank 0 saves the
-    gathered whole-model state (and the all-reduced per-step sums) as pp.pt."""
+def pp_worker(proc_id, world, port, microbatches, schedules, out_dir):
+    """For each schedule, train the tiny model from the same start as a W-stage pipeline
+    with the pp step; rank 0 saves the gathered whole-model state and the all-reduced
+    per-step sums as pp-<schedule>.pt."""
     me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=60)
     try:
-        raw = tiny_resnet()
-        pipe = model_to_pipeline(raw, microbatches=microbatches, schedule=schedule, batch_size=BATCH,
-                                 amp="off", verbose=False)
-        batches = [(x if pipe.first else torch.empty(0, 3, 32, 32),
-                    y if pipe.last else torch.empty(0, dtype=torch.long)) for x, y in fixed_batches(STEPS, BATCH)]
-        optimizer, sums = run_steps(pipe, raw.parameters(), batches, optimise=pipeline_step)
-        sums = torch.stack(sums)
-        torch.distributed.all_reduce(sums)
-        state = PipelineState().capture(_Config(me.rank, world), raw, optimizer, tag="test")
-        if me.rank == 0:
-            torch.save({**state, "sums": sums}, os.path.join(out_dir, "pp.pt"))
+        for schedule in schedules:
+            raw = tiny_resnet()
+            pipe = model_to_pipeline(raw, microbatches=microbatches, schedule=schedule, batch_size=BATCH,
+                                     amp="off", verbose=False)
+            batches = [(x if pipe.first else torch.empty(0, 3, 32, 32),
+                        y if pipe.last else torch.empty(0, dtype=torch.long)) for x, y in fixed_batches(STEPS, BATCH)]
+            optimizer, sums = run_steps(pipe, raw.parameters(), batches, optimise=pipeline_step)
+            sums = torch.stack(sums)
+            torch.distributed.all_reduce(sums)
+            state = PipelineState().capture(_Config(me.rank, world), raw, optimizer, tag="test")
+            if me.rank == 0:
+                torch.save({**state, "sums": sums}, os.path.join(out_dir, f"pp-{schedule}.pt"))
         torch.distributed.barrier()
     finally:
         destroy_process()
