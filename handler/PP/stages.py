@@ -69,8 +69,9 @@ class StageModule(nn.Module):
                 x = self.model.stages[i](x)
             if self.last:
                 return self.model.forward_head(x).float()
-        # A fixed dtype between stages: the receiving stage allocates its buffers from it.
-        return x.to(self.wire_dtype)
+        # A fixed dtype and a plain layout between stages: the receiving stage allocates its
+        # buffers from them (and gloo sends only contiguous tensors, not channels_last ones).
+        return x.to(self.wire_dtype).contiguous()
 
 
 def prune(model: nn.Module, units: range, first: bool, last: bool) -> None:
