@@ -17,6 +17,9 @@ def strategy_for(cfg) -> Strategy:
         from .FSDP.model import model_to_FSDP
         return Strategy(wrap=model_to_FSDP, make_loaders=get_DDP_loader, state=ShardedState(),
                         lockstep_eval=True)
+    if cfg.mode == "pp":
+        from .PP.strategy import pipeline_strategy
+        return pipeline_strategy(cfg)
     raise ValueError(cfg.mode)
 
 

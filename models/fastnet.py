@@ -28,6 +28,10 @@ class FastNet(nn.Module):
         x = self.stem(x)
         for stage in self.stages:
             x = stage(x)
+        return self.forward_head(x)
+
+    def forward_head(self, x):
+        """Pool and classify the last stage's features (pipeline stages call it alone)."""
         return self.head(x.amax(dim=(2, 3))) * self.head_scale
 
 

@@ -65,6 +65,10 @@ class ResNet(nn.Module):
         x = self.stem(x)
         for stage in self.stages:
             x = stage(x)
+        return self.forward_head(x)
+
+    def forward_head(self, x):
+        """Pool and classify the last stage's features (pipeline stages call it alone)."""
         return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 

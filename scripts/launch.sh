@@ -4,7 +4,7 @@
 #
 #   MODE=ddp NUM_GPUS=2 scripts/launch.sh [train_cifar.py arguments...]
 #
-# MODE (ddp_dali) dp|ddp|ddp_dali|fsdp      NUM_GPUS (visible GPUs, else 2 CPU processes)
+# MODE (ddp_dali) dp|ddp|ddp_dali|fsdp|pp   NUM_GPUS (visible GPUs, else 2 CPU processes)
 # LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   DATA_DIR (./data)   CKPT_DIR (ckpt/<run name>/<start time>)
 # NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
 # PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
@@ -17,8 +17,8 @@ die() { say "$*"; exit 2; }
 
 MODE="${MODE:-ddp_dali}"
 case "$MODE" in
-    dp|ddp|ddp_dali|fsdp) ;;
-    *) die "MODE='$MODE' is not a mode; use MODE=dp, ddp, ddp_dali or fsdp" ;;
+    dp|ddp|ddp_dali|fsdp|pp) ;;
+    *) die "MODE='$MODE' is not a mode; use MODE=dp, ddp, ddp_dali, fsdp or pp" ;;
 esac
 
 PROFILE="${PROFILE:-auto}"

@@ -21,7 +21,7 @@ def fails_with_one_line(argv, capsys):
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["--mode", "pp"], "invalid choice: 'pp'"),
+    (["--mode", "tp"], "invalid choice: 'tp'"),
     (["--num_gpu", "0"], "--num_gpu 0 is not a positive count"),
     (["--num-gpu", "-2"], "--num_gpu -2 is not a positive count"),
     (["--num_gpu", "3", "--batch-size", "64"], "--batch-size 64 is the global batch and must split evenly over 3"),

@@ -11,8 +11,9 @@ from typing import Optional
 
 from .errors import UserError
 
-MODES = ("dp", "ddp", "ddp_dali", "fsdp")
+MODES = ("dp", "ddp", "ddp_dali", "fsdp", "pp")
 DDP_MODES = ("ddp", "ddp_dali", "fsdp")
+PP_SCHEDULES = ("gpipe", "1f1b")  # --mode pp; handler/PP/schedule.py
 DALI_SOURCES = ("memory", "raw", "jpeg")  # what --mode ddp_dali reads; handler/DALI/cifar10_loader.py
 CPU_DEFAULT_PROCS = 2
 
@@ -53,6 +54,8 @@ class Config:
     sync_bn: bool = False
     dp_balanced: bool = False
     dali_source: str = ""  # "" = $HARNESS_DALI_SOURCE or the measured default
+    pp_schedule: str = "1f1b"
+    microbatches: int = 4
     # Filled per process by the mode's setup.
     use_cuda: bool = False
     world_size: int = 1
@@ -63,6 +66,8 @@ class Config:
 
     @property
     def local_batch(self) -> int:
+        if self.mode == "pp":  # every stage sees the whole batch, as micro-batches
+            return self.batch_size
         return self.batch_size // self.world_size
 
     @property
@@ -148,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dali-source", choices=DALI_SOURCES, default=None,
                    help="ddp_dali input: the arrays in memory (default, fastest measured), one raw "
                         "uint8 file per image, or JPEG files decoded by DALI (on the GPU with device=mixed)")
+    p.add_argument("--pp-schedule", choices=PP_SCHEDULES, default=d.pp_schedule,
+                   help="pp: GPipe (all forwards, then all backwards) or 1F1B (a backward as soon as "
+                        "possible, so fewer micro-batches' activations are alive at once)")
+    p.add_argument("--microbatches", type=int, default=d.microbatches, metavar="M",
+                   help="pp: micro-batches per global batch; the pipeline bubble is (W-1)/(M+W-1)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (logs stay one line per epoch)")
     return p
@@ -194,7 +204,7 @@ def validate(cfg: Config) -> None:
     need(cfg.epochs >= 1, f"--epochs {cfg.epochs}: train for at least 1 epoch")
     need(cfg.stop_after >= 0, f"--stop-after {cfg.stop_after}: use 0 (off) or a positive epoch count")
     need(cfg.batch_size >= 1, f"--batch-size {cfg.batch_size}: use a positive batch size")
-    parts = cfg.num_gpu if cfg.mode == "dp" else cfg.world_size
+    parts = {"dp": cfg.num_gpu, "pp": 1}.get(cfg.mode, cfg.world_size)
     need(cfg.batch_size % parts == 0,
          f"--batch-size {cfg.batch_size} is the global batch and must split evenly over "
          f"{parts} {'GPUs' if cfg.use_cuda else 'processes'}; use a multiple of {parts}")
@@ -224,3 +234,25 @@ def validate(cfg: Config) -> None:
     from models import MODELS
     need(cfg.model in MODELS, f"--model {cfg.model!r} is unknown; choose one of: "
                               f"{', '.join(sorted(MODELS))}")
+    if cfg.mode == "pp":
+        _validate_pipeline(cfg, need, len(MODELS[cfg.model]().stages))
+
+
+def _validate_pipeline(cfg: Config, need, stages: int) -> None:
+    """--mode pp: W stages of the model, each on its own process, M micro-batches per batch."""
+    w, m = cfg.world_size, cfg.microbatches
+    need(m >= 1, f"--microbatches {m}: use 1 or more")
+    need(cfg.batch_size % m == 0, f"--batch-size {cfg.batch_size} does not split into --microbatches {m} "
+                                  f"equal micro-batches; use a multiple of {m}")
+    need(cfg.batch_size // m >= 2, f"--batch-size {cfg.batch_size} in {m} micro-batches gives "
+                                   f"{cfg.batch_size // m} image each; BatchNorm needs at least 2")
+    need(w <= stages, f"--num_gpu {w} pipeline stages but {cfg.model} has {stages} stages to split; "
+                      f"use --num_gpu 1..{stages}")
+    need(cfg.pp_schedule != "1f1b" or m >= w, f"--pp-schedule 1f1b needs at least one micro-batch per "
+                                              f"stage: use --microbatches {w} or more, or --pp-schedule gpipe")
+    need(cfg.accum_steps == 1, "--accum-steps with --mode pp: the pipeline already accumulates its "
+                               "micro-batches; use --microbatches instead")
+    need(cfg.amp != "fp16", "--amp fp16 with --mode pp: the schedule runs backward itself, so GradScaler "
+                            "cannot scale its loss; use --amp bf16")
+    need(not cfg.dali_source, "--dali-source chooses --mode ddp_dali's input; --mode pp reads with "
+                              "torch DataLoaders: drop --dali-source")

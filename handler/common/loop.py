@@ -35,6 +35,7 @@ class Step:
     accum_steps: int = 1
     channels_last: bool = False
     criterion: object = cross_entropy  # (model, images, labels) -> (mean loss, correct count)
+    optimise: object = None  # a mode's own step (Strategy.step); None: _optimise
 
 
 def _micro_batches(images, labels, k):
@@ -80,7 +81,7 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
                 wait += time.perf_counter() - t
                 if step.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
-                sums = _optimise(step, images, labels, timer)
+                sums = (step.optimise or _optimise)(step, images, labels, timer)
                 totals += sums
                 samples += labels.shape[0]
                 guard.observe(sums[0], i)

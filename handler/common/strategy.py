@@ -1,6 +1,6 @@
 """What a mode tells the shared training loop: the only way modes differ."""
 from dataclasses import dataclass, field
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 from .checkpoint import PlainState
 from .model_options import cross_entropy
@@ -14,3 +14,8 @@ class Strategy:
     state: object = field(default_factory=PlainState)  # how model/optimizer state enters checkpoints
     lockstep_eval: bool = False  # forward is a collective (FSDP): every rank runs the same eval steps
     notes: Tuple[str, ...] = ()  # fallbacks to record in the metrics
+    # A mode's own training step, (Step, images, labels, timer) -> device sums (loss*n, correct),
+    # and evaluation, (wrapped model, loader, name, device, ...) -> dict; None: the loop's own,
+    # the evaluation on the unwrapped model after rank 0's BatchNorm statistics are broadcast.
+    step: Optional[Callable] = None
+    evaluate: Optional[Callable] = None

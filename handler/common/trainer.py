@@ -89,9 +89,11 @@ def fit(cfg, strategy: Strategy) -> dict:
 
     step = Step(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
-                channels_last=cfg.channels_last, criterion=strategy.criterion)
+                channels_last=cfg.channels_last, criterion=strategy.criterion, optimise=strategy.step)
     evaluate_on = partial(evaluate, raw, device=device, autocast=step.autocast,
                           channels_last=cfg.channels_last, lockstep=strategy.lockstep_eval)
+    if strategy.evaluate:  # the mode evaluates through its wrapper (pp: stage after stage)
+        evaluate_on = partial(strategy.evaluate, model, device=device, autocast=step.autocast)
     save = partial(_save, cfg, strategy.state, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     notes = strategy.notes
     if cfg.amp == "bf16" and device.type == "cpu":
@@ -121,7 +123,8 @@ def fit(cfg, strategy: Strategy) -> dict:
                 raise StopRequested(stop.agreed_signal())
             val = {"loss": None, "acc": None, "samples": 0}
             if loaders.valid is not None:
-                dist.broadcast_buffers(raw)
+                if not strategy.evaluate:
+                    dist.broadcast_buffers(raw)
                 val = evaluate_on(loaders.valid, "validate")
             record = _epoch_record(epoch, train, val, first_step)
             history.append(record)
@@ -138,7 +141,8 @@ def fit(cfg, strategy: Strategy) -> dict:
     finally:
         stop.close()
 
-    dist.broadcast_buffers(raw)
+    if not strategy.evaluate:
+        dist.broadcast_buffers(raw)
     test = evaluate_on(loaders.test, "test")
     total = time.perf_counter() - started
     if cfg.is_main:

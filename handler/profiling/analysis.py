@@ -6,6 +6,7 @@ inflate training shares. Shares are of summed batch time; what no phase covers i
 import bisect
 import re
 
+from .bubble import pipeline_stats
 from .comm import comm_stats, first_comm_starts, stragglers
 from .gpu_metrics import summarize_metrics
 from .gpu_view import gpu_stats
@@ -19,6 +20,8 @@ BATCH = re.compile(r"batch \d+")
 
 def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     ranks = [_rank(p, trace.gpu, trace.metrics) for p in trace.processes]
+    for rank, stage in zip(ranks, pipeline_stats(trace.processes)):  # pp runs only; else None
+        rank["pipeline"] = stage
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,
                "ranks": ranks, "overall": _overall(ranks)}
     summary["stragglers"] = stragglers({p.rank: _first_comm(p, trace.gpu) for p in trace.processes})

@@ -1,5 +1,6 @@
 """The summary for people: a markdown page and the one line scripts/launch.sh prints."""
 from .analysis import OUTSIDE_TRAINING, PHASES
+from .bubble import markdown_lines
 
 NA = "n/a"
 LABELS = {"data": "data-stall"}  # waiting for the loader is what the data phase measures
@@ -61,6 +62,7 @@ def markdown(summary: dict, title: str) -> str:
         lines += ["## GPU", "", f"{NA}: no CUDA activity in this report (CPU-only run).", ""]
     lines += _comm_sections(summary)
     lines += _metrics_section(ranks)
+    lines += markdown_lines(ranks)
     if summary.get("metrics_comparison") is not None:
         lines += _section("nsys vs metrics JSON (epoch time, first rank)",
                           None if summary["metrics_comparison"] else "No epoch appears in both.",

@@ -1,0 +1,16 @@
+"""--mode pp as a Strategy for the shared loop: its wrap, loaders, step, evaluation, state."""
+from functools import partial
+
+from ..common.strategy import Strategy
+from .checkpoint import PipelineState
+from .loader import get_PP_loader
+from .schedule import model_to_pipeline, require_pipelining
+from .step import evaluate_pipeline, pipeline_step
+
+
+def pipeline_strategy(cfg) -> Strategy:
+    require_pipelining()
+    wrap = partial(model_to_pipeline, microbatches=cfg.microbatches, schedule=cfg.pp_schedule,
+                   batch_size=cfg.batch_size, amp=cfg.amp)
+    return Strategy(wrap=wrap, make_loaders=get_PP_loader, state=PipelineState(),
+                    step=pipeline_step, evaluate=evaluate_pipeline)

@@ -1,0 +1,140 @@
+"""--mode pp: a W-stage pipeline is the same optimisation as one process accumulating M
+micro-batches, keeps the loop's contracts, and shares checkpoints with ddp."""
+import json
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from handler.common.config import parse_config
+from handler.common.errors import UserError
+from handler.profiling.bubble import theoretical_bubble
+from handler.PP.stages import balanced_split
+from tests.conftest import ROOT, read_metrics, run_cli
+from tests.nsys_helpers import profile
+from tests.pp_workers import accumulation_result, pp_worker
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_stages_with_m_microbatches_equal_one_process_accumulating_m_steps_in_both_schedules(tmp_path):
+    """BatchNorm sees the same micro-batches in both, so parameters, BN statistics, momentum
+    and the reported loss/accuracy agree after 3 steps, for GPipe and for 1F1B."""
+    m = 4
+    mp.start_processes(pp_worker, args=(2, free_port(), m, ("gpipe", "1f1b"), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    ref, ref_optimizer, sums = accumulation_result(m)
+    for schedule in ("gpipe", "1f1b"):
+        pp = torch.load(tmp_path / f"pp-{schedule}.pt", weights_only=True)
+        assert pp["model"].keys() == ref.keys()
+        for name in ref:
+            assert torch.allclose(pp["model"][name].float(), ref[name].float(), atol=1e-5, rtol=0), (schedule, name)
+        assert torch.allclose(pp["sums"], torch.stack(sums), atol=1e-4, rtol=0), schedule
+        # The gathered optimizer state is indexed as for the whole model: ddp can load it.
+        assert pp["optimizer"]["state"].keys() == ref_optimizer["state"].keys()
+        for i, state in ref_optimizer["state"].items():
+            assert torch.allclose(pp["optimizer"]["state"][i]["momentum_buffer"], state["momentum_buffer"], atol=1e-5)
+
+
+def test_split_balances_parameters_over_contiguous_stages():
+    assert balanced_split([1, 1, 10, 1], 2) == [range(0, 2), range(2, 4)] or \
+        balanced_split([1, 1, 10, 1], 2) == [range(0, 3), range(3, 4)]
+    assert balanced_split([5, 5, 5, 5], 2) == [range(0, 2), range(2, 4)]
+    assert balanced_split([1, 2, 8, 32], 4) == [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
+    assert theoretical_bubble(2, 4) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--batch-size", "30", "--microbatches", "4"], "does not split into --microbatches 4"),
+    (["--num_gpu", "4", "--model", "resnet20"], "--num_gpu 4 pipeline stages but resnet20 has 3 stages"),
+    (["--num_gpu", "3", "--model", "resnet20", "--microbatches", "2"], "--pp-schedule 1f1b needs at least"),
+    (["--accum-steps", "2"], "--accum-steps with --mode pp"),
+    (["--dp-balanced"], "--dp-balanced changes DataParallel; use it with --mode dp"),
+    (["--sync-bn"], "not pp"),
+    (["--dali-source", "jpeg"], "--dali-source chooses --mode ddp_dali's input"),
+    (["--amp", "fp16"], "--amp fp16"),
+])
+def test_conflicting_pp_options_give_one_line(argv, expected):
+    with pytest.raises(UserError, match=None) as err:
+        parse_config(["--mode", "pp", "--num_gpu", "2", *argv], cuda_count=0)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_pp_batch_is_global_per_stage():
+    cfg = parse_config(["--mode", "pp", "--num_gpu", "2", "--batch-size", "64"], cuda_count=0)
+    assert cfg.local_batch == 64 and cfg.world_size == 2 and cfg.pp_schedule == "1f1b" and cfg.microbatches == 4
+
+
+# 128 training images (4 batches of 32), 40 test images: every number divides, so pp
+# trains exactly the batches one ddp process does.
+DATA = ["--dataset", "synthetic", "--synthetic-train", 128 + 32, "--synthetic-test", 40, "--valid-size", 32,
+        "--model", "resnet20", "--workers", 0, "--no-progress", "--batch-size", 32, "--lr", 0.05]
+PP = ["--mode", "pp", "--num_gpu", 2, "--microbatches", 4]
+DDP_ACCUM = ["--mode", "ddp", "--num_gpu", 1, "--accum-steps", 4]
+
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the same CPU kernels in every run: results comparable bit for bit
+
+
+def train(tmp_path, name, *args):
+    proc = run_cli(["--data", tmp_path / "data", "--ckpt", tmp_path / name, *DATA, *args], env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def states(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def test_pp_stops_and_resumes_bit_exact_and_shares_checkpoints_with_ddp_both_ways(tmp_path):
+    """pp for one epoch, then epoch 2 twice from its checkpoint: resumed in pp, and in one
+    ddp process accumulating the same 4 micro-batches. Both continue the same
+    optimisation, so they end bit for bit equal; the ddp checkpoint then resumes in pp
+    and evaluates exactly as ddp did."""
+    first = train(tmp_path, "pp", *PP, "--epochs", 2, "--stop-after", 1)
+    assert "split by parameter count: pp stage 0 = stem + stages 0-1" in first.stdout
+    m = read_metrics(tmp_path / "pp" / "metrics.json")
+    assert m["env"]["mode"] == "pp" and m["config"]["pp_schedule"] == "1f1b"
+    assert [e["train_samples"] for e in m["epochs"]] == [128]  # each image counted once, not per stage
+    assert m["test"]["samples"] == 40 and m["epochs"][0]["val_samples"] == 32
+    shutil.copy(tmp_path / "pp" / "last.pt", tmp_path / "half.pt")
+
+    train(tmp_path, "pp", *PP, "--epochs", 2, "--resume")
+    train(tmp_path, "ddp", *DDP_ACCUM, "--epochs", 2, "--resume", tmp_path / "half.pt")
+    a, b = states(tmp_path / "pp" / "last.pt"), states(tmp_path / "ddp" / "last.pt")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs between pp and ddp after resuming"
+    epochs = [read_metrics(tmp_path / n / "metrics.json")["epochs"] for n in ("pp", "ddp")]
+    assert [e["train_loss"] for e in epochs[0]] == pytest.approx([e["train_loss"] for e in epochs[1]], rel=1e-6)
+
+    back = train(tmp_path, "ddp", *PP, "--epochs", 2, "--resume", "--metrics", tmp_path / "back.json")
+    assert "resumed from" in back.stdout
+    test_pp, test_ddp = read_metrics(tmp_path / "back.json")["test"], read_metrics(tmp_path / "ddp" / "metrics.json")["test"]
+    assert test_pp["samples"] == test_ddp["samples"] == 40 and test_pp["acc"] == test_ddp["acc"]
+    assert test_pp["loss"] == pytest.approx(test_ddp["loss"], abs=1e-6)
+
+
+def test_profiled_two_stage_run_reports_measured_and_theoretical_bubble(tmp_path):
+    report = profile([sys.executable, str(ROOT / "train_cifar.py"), *map(str, PP), "--epochs", "1",
+                      "--data", str(tmp_path / "data"), "--ckpt", str(tmp_path / "ck"), *map(str, DATA)],
+                     tmp_path / "pp")
+    subprocess.run([sys.executable, "-m", "handler.profiling.report", str(report), "--brief"], cwd=ROOT,
+                   check=True, capture_output=True)
+    summary = json.loads((tmp_path / "pp.summary.json").read_text())
+    stages = [r["pipeline"] for r in summary["ranks"]]
+    assert [s["stage"] for s in stages] == [0, 1]
+    for s in stages:
+        assert s["theoretical_bubble_share"] == pytest.approx(1 / 5)  # W=2, M=4
+        assert 0 < s["busy_share"] < 1 and s["bubble_share"] == pytest.approx(1 - s["busy_share"])
+    # The last stage waits for the first micro-batch's activations before it can start.
+    assert stages[1]["bubble_share"] > 0.05
+    assert "## Pipeline (pp)" in (tmp_path / "pp.summary.md").read_text()
