@@ -23,7 +23,7 @@ esac
 
 PROFILE="${PROFILE:-auto}"
 case "$PROFILE" in auto|1|0) ;; *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;; esac
-case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1" ;; esac
+case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1; use GPU_METRICS=1 to sample GPU metrics (GPU runs)" ;; esac
 if [[ $PROFILE == auto ]] && ! command -v nsys >/dev/null 2>&1 \
         && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
     # A fresh machine profiles too: installing system packages needs root or password-less sudo.

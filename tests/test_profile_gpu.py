@@ -280,7 +280,7 @@ def test_metric_names_of_different_nsys_releases_map_to_one_key(name, key):
 
 
 def test_launch_from_a_thread_without_ranges_takes_the_training_threads_phase(tmp_path):
-    """PyTorch launches backward kernels from its autograd device thread, which opens no ranges."""
+    """An autograd device thread or a helper thread opens no ranges; its launches follow the training thread."""
     path = tmp_path / "threads.sqlite"
     db = sqlite3.connect(path)
     db.executescript("""

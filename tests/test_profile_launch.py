@@ -90,4 +90,4 @@ def test_bad_gpu_metrics_value_fails_in_one_line(tmp_path):
     run = subprocess.run(["bash", str(LAUNCH)], cwd=tmp_path, env={**os.environ, "GPU_METRICS": "yes"},
                          capture_output=True, text=True, timeout=30)
     assert run.returncode != 0 and run.stderr.strip().splitlines() == \
-        ["launch: GPU_METRICS='yes' is not 0 or 1"]
+        ["launch: GPU_METRICS='yes' is not 0 or 1; use GPU_METRICS=1 to sample GPU metrics (GPU runs)"]

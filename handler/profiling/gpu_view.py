@@ -3,8 +3,8 @@
 On a GPU the `forward`/`backward`/`optimizer` ranges time only the CPU's launches; the
 kernels run later. So GPU time is attributed to the phase range that was innermost-open on
 the launching thread when its CUDA runtime call started (linked by correlationId).
-Launches from a thread that never opens a phase (PyTorch's autograd device threads run the
-backward kernels' launches) take the phase open on the training thread at that moment.
+Launches from a thread that never opens a phase (an autograd device thread, a DALI or NCCL
+helper thread) take the phase open on the training thread at that moment.
 """
 import bisect
 

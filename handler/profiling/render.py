@@ -55,7 +55,7 @@ def markdown(summary: dict, title: str) -> str:
                           [_gpu_row(r["rank"], r["gpu"]) for r in ranks])
         lines += _section("GPU time per phase (s)", "Kernels, copies and memsets, by the phase whose range was "
                           "open on the launching thread when the CUDA call started.",
-                          ["rank", *(LABELS.get(p, p) for p in PHASES), "unattributed"],
+                          ["rank", *PHASES, "unattributed"],  # `data`: work launched there, not the stall
                           [[str(r["rank"]), *(num(r["gpu"]["phase_kernel_s"][p], 3) for p in PHASES),
                             num(r["gpu"]["unattributed_s"], 3)] for r in ranks])
     else:
