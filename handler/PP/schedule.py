@@ -28,8 +28,10 @@ SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 
 
 def require_pipelining() -> None:
-    if PipelineStage is None:
-        raise UserError(f"--mode pp needs torch.distributed.pipelining (torch 2.6 or newer); "
+    """pp relies on 2.6's pipelining: meta-device stage shapes and the schedules' stage calls."""
+    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    if PipelineStage is None or version < (2, 6):
+        raise UserError(f"--mode pp needs torch.distributed.pipelining from torch 2.6 or newer; "
                         f"this is torch {torch.__version__}: upgrade torch")
 
 
