@@ -45,8 +45,7 @@ def test_two_stages_with_m_microbatches_equal_one_process_accumulating_m_steps_i
 
 
 def test_split_balances_parameters_over_contiguous_stages():
-    assert balanced_split([1, 1, 10, 1], 2) == [range(0, 2), range(2, 4)] or \
-        balanced_split([1, 1, 10, 1], 2) == [range(0, 3), range(3, 4)]
+    assert balanced_split([1, 1, 10, 1], 2) == [range(0, 2), range(2, 4)]  # 2 | 11, not 12 | 1
     assert balanced_split([5, 5, 5, 5], 2) == [range(0, 2), range(2, 4)]
     assert balanced_split([1, 2, 8, 32], 4) == [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
     assert theoretical_bubble(2, 4) == pytest.approx(0.2)
