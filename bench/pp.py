@@ -87,7 +87,8 @@ def worker(proc_id, world, schedule, m, port, size, out):
         else:
             model, run = model_to_pipeline(raw, microbatches=m, schedule=schedule, batch_size=size["batch"],
                                            amp="off", verbose=False), pipeline_step
-        step = dataclasses.replace(make_step(model, len(batches)), accum_steps=m if schedule is None else 1)
+        # The optimizer holds `raw`'s parameters: after model_to_pipeline, only this stage's.
+        step = dataclasses.replace(make_step(raw, len(batches)), model=model, accum_steps=m if schedule is None else 1)
         step.model.train()
         for images, labels in batches[:size["warmup"]]:
             run(step, images, labels)

@@ -24,12 +24,11 @@ try:
 except ImportError:  # before torch 2.4
     PipelineStage = None
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
-
-
 def require_pipelining() -> None:
-    if PipelineStage is None:
-        raise UserError(f"--mode pp needs torch.distributed.pipelining (torch 2.6 or newer); "
+    """pp relies on 2.6's pipelining: meta-device stage shapes and the schedules' stage calls."""
+    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    if PipelineStage is None or version < (2, 6):
+        raise UserError(f"--mode pp needs torch.distributed.pipelining from torch 2.6 or newer; "
                         f"this is torch {torch.__version__}: upgrade torch")
 
 
@@ -43,7 +42,7 @@ if PipelineStage is not None:
             self.busy_s = 0.0  # compute seconds, read by bench/pp.py
             self._waiting = None
 
-        def _wait(self, name=None):
+        def waiting(self, name=None):
             """Close the open send/recv range; open `name` when given."""
             if self._waiting is not None:
                 self._waiting.__exit__(None, None, None)
@@ -53,7 +52,7 @@ if PipelineStage is not None:
                 self._waiting.__enter__()
 
         def _traced(self, kind, phase, method, chunk, *args, **kwargs):
-            self._wait()
+            self.waiting()
             start = time.perf_counter()
             with nvtx_range(phase), self.timer(phase), nvtx_range(f"{kind} mb{chunk}"):
                 out = method(chunk, *args, **kwargs)
@@ -67,7 +66,7 @@ if PipelineStage is not None:
             return self._traced("bwd", "backward", super().backward_one_chunk, chunk, *args, **kwargs)
 
         def _ops(self, name, ops):
-            self._wait(name if ops else None)
+            self.waiting(name if ops else None)
             return ops
 
         def get_fwd_recv_ops(self, chunk):
@@ -132,7 +131,7 @@ class Pipeline:
         try:
             logits = self.schedule.step(*args, **kwargs)
         finally:
-            self.stage._wait()
+            self.stage.waiting()  # the last send/recv range ends with the step
         if not self.last:
             return torch.zeros(2, dtype=torch.float64, device=self.device)
         # Each loss is a micro-batch mean divided by M; equal micro-batches make their sum the batch mean.
