@@ -75,9 +75,11 @@ def _torch_sees_gpus(show: bool) -> None:
 
 
 # ---- running processes within a measured budget ------------------------------------------
-# A budget is the seconds a command took on the slow configuration (2 busy cores,
-# ONEDNN_MAX_CPU_ISA=AVX2). Past SLACK times its budget it counts as hung: it is killed
+# A budget is the seconds a command took on the slow configuration: 2 cores shared with
+# other jobs (load ~6, as on a busy CI runner or this lab's shared machine) and
+# ONEDNN_MAX_CPU_ISA=AVX2. Past SLACK times its budget it counts as hung: it is killed
 # with everything it started, and the test fails naming the command and its last lines.
+# TEST_BUDGET_SCALE stretches every budget on a slower machine.
 SLACK = 3 * float(os.environ.get("TEST_BUDGET_SCALE", "1"))
 TAIL_LINES = 20
 
@@ -150,7 +152,7 @@ def data_root(tmp_path_factory) -> Path:
 # and the checkpoints the fault tests resume from.
 TWO_EPOCHS = ["--epochs", 2, "--batch-size", 64, "--valid-size", 100, "--lr", 0.05, *SMALL]
 PROCESSES = {"dp": 1, "ddp": 2, "ddp_dali": 2, "fsdp": 2}
-TWO_EPOCH_BUDGET = {"dp": 10, "ddp": 20, "ddp_dali": 25, "fsdp": 25}  # s, measured (AVX2, 2 busy cores)
+TWO_EPOCH_BUDGET = {"dp": 30, "ddp": 35, "ddp_dali": 40, "fsdp": 40}  # s, measured (see SLACK)
 
 
 def two_epoch_args(mode, folder) -> list:
