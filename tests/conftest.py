@@ -95,11 +95,12 @@ def hung(cmd, seconds, out="", err="") -> None:
                 f"\n--- last stderr lines ---\n{tail(err)}", pytrace=False)
 
 
-def run_process(cmd, *, budget=None, timeout=None, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
+def run_process(cmd, *, budget=None, timeout=None, cwd=ROOT, env=None, inherit=True) -> subprocess.CompletedProcess:
     """Run cmd (its own process group) to the end and capture its output. `budget`: the
-    measured seconds (the timeout is SLACK times it); `timeout`: seconds, for old callers."""
+    measured seconds (the timeout is SLACK times it); `timeout`: seconds, for old callers.
+    `env` adds to this process's environment, or replaces it with inherit=False."""
     limit = SLACK * budget if budget is not None else (timeout or 240)
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {**(os.environ if inherit else {}), "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = [str(c) for c in cmd]
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
