@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every mode trains on the oldest supported torch (requirements-oldtorch.txt), on the CPU:
-# one tiny epoch each, then a resume of each checkpoint format. CI runs it after the suite.
+# one tiny epoch each, the optional techniques together, then a resume of each checkpoint
+# format. CI runs it after the suite.
 # Builds .venv-oldtorch on first use. Usage: scripts/smoke_old_torch.sh
 #   SMOKE_MODES ("dp ddp ddp_dali fsdp")   PYTHON_BOOTSTRAP (python3)
 set -uo pipefail
@@ -55,6 +56,9 @@ EOF
 for mode in ${SMOKE_MODES:-dp ddp ddp_dali fsdp}; do
     check "$mode" 1 "$work/$mode" --mode "$mode" --epochs 1
 done
+# The optional techniques together, bf16 included (4 steps: cheap even where bf16 is emulated).
+[[ " ${SMOKE_MODES:-dp} " == *" dp "* ]] && check "dp + toolbox flags" 1 "$work/flags" --mode dp --epochs 1 \
+    --amp bf16 --channels-last --accum-steps 2 --activation-checkpointing --dp-balanced
 # Checkpoints written by this torch load back in it: the plain one (ddp) and the sharded one (fsdp).
 for mode in ddp fsdp; do
     [[ " ${SMOKE_MODES:-ddp fsdp} " == *" $mode "* ]] || continue
