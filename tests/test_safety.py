@@ -90,7 +90,7 @@ def test_bf16_counts_as_emulated_without_the_cpu_flags_or_under_an_avx2_cap(tmp_
 
 
 def test_a_bf16_run_on_an_emulating_cpu_warns_once_and_records_it(data_root, tmp_path):
-    tiny = ["--synthetic-train", 40, "--synthetic-test", 8, "--batch-size", 8, "--valid-size", 0]
+    tiny = ["--synthetic-train", 16, "--synthetic-test", 8, "--batch-size", 8, "--valid-size", 0]  # 2 steps
     proc = run_cli(["--mode", "dp", "--data", tmp_path / "data", "--ckpt", tmp_path, "--amp", "bf16",
                     "--epochs", 1, *SMALL, *tiny], env={"ONEDNN_MAX_CPU_ISA": "AVX2"}, budget=10)
     assert proc.returncode == 0, proc.stderr[-3000:]
