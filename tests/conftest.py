@@ -1,6 +1,9 @@
-"""Shared fixtures: small datasets in the real CIFAR layout, and running the CLI."""
+"""Shared fixtures: small datasets in the real CIFAR layout, running the CLI within a
+measured budget, shared training runs, and which tests may see GPUs."""
+import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,30 +22,112 @@ N_TRAIN, N_TEST = 1201, 301
 SMALL = ["--dataset", "synthetic", "--synthetic-train", str(N_TRAIN), "--synthetic-test", str(N_TEST),
          "--model", "resnet20", "--workers", "0", "--no-progress"]
 
+# ---- GPU visibility -------------------------------------------------------------------
+# CPU tests run as on a machine without GPUs: CUDA_VISIBLE_DEVICES= for every process
+# they start and, in this process, torch reports none. Tests marked `gpu` (or `gpus(n)`)
+# see the GPUs pytest was started with; `gpus(n)` skips with a reason below n GPUs.
+_STARTED_WITH = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_count() -> int:
+    """GPUs visible to this session's gpu tests; asked once, before any test hides them."""
+    return cuda_status()[0]
+
+
+def gpus_needed(item) -> int:
+    many = item.get_closest_marker("gpus")
+    if many is not None:
+        return int(many.args[0])
+    return 1 if item.get_closest_marker("gpu") is not None else 0
+
 
 def pytest_collection_modifyitems(config, items):
-    if cuda_status()[0]:
-        return
-    skip = pytest.mark.skip(reason=f"needs CUDA: {cuda_status()[1] or 'no GPU visible'}")
+    count = gpu_count()
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        needed = gpus_needed(item)
+        if needed > count:
+            why = (f"needs {needed} GPUs, {count} visible" if count
+                   else f"needs CUDA: {cuda_status()[1] or 'no GPU visible'}")
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
-@pytest.fixture(scope="session")
-def data_root(tmp_path_factory) -> Path:
-    """A --data folder whose synthetic dataset is already generated."""
-    root = tmp_path_factory.mktemp("data")
-    write_synthetic(str(root / f"synthetic_{N_TRAIN}x{N_TEST}"), N_TRAIN, N_TEST)
-    return root
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before any fixture: a session fixture first built by a CPU test trains on the CPU too.
+    show = gpus_needed(item) > 0
+    if show and _STARTED_WITH is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = _STARTED_WITH
+    elif show:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if gpu_count():  # CUDA is initialised in this process: only torch's answers can hide it
+        _torch_sees_gpus(show)
 
 
-def run_cli(args, *, cwd=ROOT, env=None, timeout=240, cmd=None):
-    """Run train_cifar.py (or cmd) in a fresh process; returns CompletedProcess."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+def _torch_sees_gpus(show: bool) -> None:
+    import torch
+    from handler.common import devices
+    real = _torch_sees_gpus.__dict__.setdefault("real", (torch.cuda.is_available, torch.cuda.device_count))
+    torch.cuda.is_available, torch.cuda.device_count = real if show else (lambda: False, lambda: 0)
+    devices.cuda_status.cache_clear()
+
+
+# ---- running processes within a measured budget ------------------------------------------
+# A budget is the seconds a command took on the slow configuration: 2 cores shared with
+# other jobs (load ~6, as on a busy CI runner or this lab's shared machine) and
+# ONEDNN_MAX_CPU_ISA=AVX2. Past SLACK times its budget it counts as hung: it is killed
+# with everything it started, and the test fails naming the command and its last lines.
+# TEST_BUDGET_SCALE stretches every budget on a slower machine.
+SLACK = 3 * float(os.environ.get("TEST_BUDGET_SCALE", "1"))
+TAIL_LINES = 20
+
+
+def tail(text, lines=TAIL_LINES) -> str:
+    return "\n".join((text or "").splitlines()[-lines:])
+
+
+def hung(cmd, seconds, out="", err="") -> None:
+    """Fail the test: `cmd` ran past `seconds`; show the last lines it printed."""
+    shown = " ".join(map(str, cmd))
+    pytest.fail(f"timed out after {seconds:.0f} s: {shown}\n--- last stdout lines ---\n{tail(out)}"
+                f"\n--- last stderr lines ---\n{tail(err)}", pytrace=False)
+
+
+def run_process(cmd, *, budget=None, timeout=None, cwd=ROOT, env=None, inherit=True) -> subprocess.CompletedProcess:
+    """Run cmd (its own process group) to the end and capture its output. `budget`: the
+    measured seconds (the timeout is SLACK times it); `timeout`: seconds, for old callers.
+    `env` adds to this process's environment, or replaces it with inherit=False."""
+    limit = SLACK * budget if budget is not None else (timeout or 240)
+    full_env = {**(os.environ if inherit else {}), "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [str(c) for c in cmd]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        out = None
+    except BaseException:  # Ctrl-C or a failure here: leave no training behind
+        kill_group(proc)
+        raise
+    if out is None:
+        kill_group(proc)
+        hung(cmd, limit, *proc.communicate())
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_cli(args, *, budget=None, timeout=None, cwd=ROOT, env=None, cmd=None):
+    """Run train_cifar.py (or cmd) with args in a fresh process; see run_process."""
     command = cmd or [sys.executable, str(ROOT / "train_cifar.py")]
-    return subprocess.run([*command, *map(str, args)], cwd=cwd, env=full_env, timeout=timeout,
-                          capture_output=True, text=True)
+    return run_process([*command, *args], budget=budget, timeout=timeout, cwd=cwd, env=env)
 
 
 def error_lines(proc) -> list:
@@ -53,3 +138,39 @@ def error_lines(proc) -> list:
 def read_metrics(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+# ---- data and shared runs --------------------------------------------------------------
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    """A --data folder whose synthetic dataset is already generated."""
+    root = tmp_path_factory.mktemp("data")
+    write_synthetic(str(root / f"synthetic_{N_TRAIN}x{N_TEST}"), N_TRAIN, N_TEST)
+    return root
+
+
+# Two epochs that learn: what the mode tests check, what resume must reproduce exactly,
+# and the checkpoints the fault tests resume from.
+TWO_EPOCHS = ["--epochs", 2, "--batch-size", 64, "--valid-size", 100, "--lr", 0.05, *SMALL]
+PROCESSES = {"dp": 1, "ddp": 2, "ddp_dali": 2, "fsdp": 2}
+TWO_EPOCH_BUDGET = {"dp": 30, "ddp": 35, "ddp_dali": 40, "fsdp": 40}  # s, measured (see SLACK)
+
+
+def two_epoch_args(mode, folder) -> list:
+    return ["--mode", mode, "--num_gpu", PROCESSES[mode], "--ckpt", folder, *TWO_EPOCHS]
+
+
+@pytest.fixture(scope="session")
+def two_epoch_run(data_root, tmp_path_factory):
+    """run(mode) -> (CompletedProcess, folder): one finished two-epoch run per mode, trained
+    once per session and shared by the tests that only read it. Never write into it."""
+    runs = {}
+
+    def run(mode):
+        if mode not in runs:
+            folder = tmp_path_factory.mktemp(f"{mode}_two_epochs")
+            proc = run_cli(["--data", data_root, *two_epoch_args(mode, folder)], budget=TWO_EPOCH_BUDGET[mode])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[mode] = proc, folder
+        return runs[mode]
+    return run

@@ -88,3 +88,14 @@ def bn_worker(proc_id, world, port, out_dir):
         torch.distributed.barrier()
     finally:
         destroy_process()
+
+
+def all_workers(proc_id, world, ports, out_dir):
+    """test_ddp_correctness's gloo checks, one after another in one spawn: starting the
+    processes (a torch import each) costs more than all the checks. Each check sets up
+    and tears down its own group, on its own port."""
+    ddp_worker(proc_id, world, ports[0], 4, 16, 1, out_dir, "ddp")
+    ddp_worker(proc_id, world, ports[1], 4, 16, 1, out_dir, "fsdp")
+    os.makedirs(os.path.join(out_dir, "accum"), exist_ok=True)
+    ddp_worker(proc_id, world, ports[2], 3, 16, 2, os.path.join(out_dir, "accum"), "ddp")
+    bn_worker(proc_id, world, ports[3], out_dir)

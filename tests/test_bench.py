@@ -9,12 +9,13 @@ from tests.conftest import ROOT, run_cli
 
 # One thread per process: quicker on a busy 2-core machine, and these tests time nothing.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+BUDGET = {"loaders": 10, "overhead": 8, "ddp_scaling": 40, "gpu": 8}  # s, measured (conftest)
 
 
 def run_bench(name, tmp_path) -> dict:
     out = tmp_path / f"{name}.json"
     run = run_cli(["--quick", "--json", out], cmd=[sys.executable, "-m", f"bench.{name}"], cwd=ROOT,
-                  env=ONE_THREAD, timeout=240)
+                  env=ONE_THREAD, budget=BUDGET[name])
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["bench"] == name and data["quick"] is True

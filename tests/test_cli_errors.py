@@ -89,7 +89,7 @@ def test_busy_port_is_named(data_root, tmp_path, capsys):
 
 
 def test_real_process_exits_nonzero_with_one_line(tmp_path):
-    proc = run_cli(["--mode", "nope"])
+    proc = run_cli(["--mode", "nope"], budget=6)
     assert proc.returncode == 2
     lines = error_lines(proc)
     assert len(lines) == 1 and "invalid choice" in lines[0]

@@ -1,9 +1,8 @@
 """CPU processes keep freed memory: glibc stops re-mapping and zeroing big blocks each step."""
 import json
-import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_process
 
 PROBE = """
 import json, resource, sys
@@ -23,7 +22,7 @@ print(json.dumps({"setting": setting, "faults": resource.getrusage(resource.RUSA
 
 def probe(**env):
     clean = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env}
-    out = subprocess.run([sys.executable, "-c", PROBE], env=clean, capture_output=True, text=True, timeout=60)
+    out = run_process([sys.executable, "-c", PROBE], env=clean, inherit=False, budget=3)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

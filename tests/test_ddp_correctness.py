@@ -1,5 +1,6 @@
 """DDP is the same optimisation as one process: gradients, sharding and evaluation."""
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ from handler.common.config import Config
 from handler.common.dataset import Splits
 from handler.common.loaders import ShardSampler
 from handler.DDP.cifar10_loader import get_DDP_loader
-from tests.dist_workers import TinyNet, bn_worker, ddp_worker, fixed_batches, train_steps
+from tests.conftest import SLACK, hung
+from tests.dist_workers import TinyNet, all_workers, fixed_batches, train_steps
 
 
 def free_port():
@@ -31,33 +33,40 @@ def assert_params_close(a, b, tol):
         assert torch.allclose(a[name], b[name], atol=tol, rtol=0), f"{name} differs"
 
 
-@pytest.mark.parametrize("world", [2])
-def test_ddp_with_global_batch_B_matches_one_process_with_batch_B(world, tmp_path):
-    steps, batch = 4, 16
-    mp.start_processes(ddp_worker, args=(world, free_port(), steps, batch, 1, str(tmp_path)),
-                       nprocs=world, start_method="spawn")
-    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
-    assert_params_close(ddp, single_process_params(steps, batch), tol=1e-5)
+@pytest.fixture(scope="module")
+def gloo_runs(tmp_path_factory):
+    """Folder with what 2 gloo ranks saved: ddp.pt and fsdp.pt (TinyNet, 4 steps of 16),
+    accum/ddp.pt (3 steps of 16 in 2 micro-batches) and bn.pt; one spawn for all of them."""
+    out, budget = tmp_path_factory.mktemp("gloo"), 20  # s, measured
+    ctx = mp.start_processes(all_workers, args=(2, [free_port() for _ in range(4)], str(out)),
+                             nprocs=2, start_method="spawn", join=False)
+    deadline = time.time() + SLACK * budget
+    while not ctx.join(timeout=1):
+        if time.time() > deadline:
+            for process in ctx.processes:
+                process.kill()
+            hung(["spawn", "tests.dist_workers.all_workers", "x2"], SLACK * budget)
+    return out
 
 
-def test_two_rank_fsdp_matches_two_rank_ddp(tmp_path):
+def test_ddp_with_global_batch_B_matches_one_process_with_batch_B(gloo_runs):
+    ddp = torch.load(gloo_runs / "ddp.pt", weights_only=True)
+    assert_params_close(ddp, single_process_params(4, 16), tol=1e-5)
+
+
+def test_two_rank_fsdp_matches_two_rank_ddp(gloo_runs):
     """FSDP reduce-scatters what DDP all-reduces; with 2 ranks each gradient element is
     the same two-term sum, so parameters agree to float rounding of the update (1e-6)."""
-    steps, batch = 4, 16
-    for wrap in ("ddp", "fsdp"):
-        mp.start_processes(ddp_worker, args=(2, free_port(), steps, batch, 1, str(tmp_path), wrap),
-                           nprocs=2, start_method="spawn")
-    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
-    fsdp = torch.load(tmp_path / "fsdp.pt", weights_only=True)
+    ddp = torch.load(gloo_runs / "ddp.pt", weights_only=True)
+    fsdp = torch.load(gloo_runs / "fsdp.pt", weights_only=True)
     assert ddp.keys() == fsdp.keys()
     assert_params_close(fsdp, ddp, tol=1e-6)
 
 
-def test_batchnorm_statistics_stay_rank_local_in_training_and_agree_before_evaluation(tmp_path):
+def test_batchnorm_statistics_stay_rank_local_in_training_and_agree_before_evaluation(gloo_runs):
     """No per-step buffer broadcast (it would cost a collective per step); the trainer's
     broadcast_buffers before each evaluation gives every rank rank 0's statistics."""
-    mp.start_processes(bn_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    stats = torch.load(tmp_path / "bn.pt", weights_only=True)
+    stats = torch.load(gloo_runs / "bn.pt", weights_only=True)
     assert not torch.allclose(stats["before"][0], stats["before"][1])
     assert torch.equal(stats["after"][1], stats["after"][0])
     assert torch.equal(stats["after"][0], stats["before"][0])  # rank 0 keeps its own
@@ -69,12 +78,9 @@ def test_gradient_accumulation_equals_one_full_batch():
                         single_process_params(steps, batch), tol=1e-5)
 
 
-def test_ddp_gradient_accumulation_matches_one_process(tmp_path):
-    steps, batch = 3, 16
-    mp.start_processes(ddp_worker, args=(2, free_port(), steps, batch, 2, str(tmp_path)),
-                       nprocs=2, start_method="spawn")
-    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
-    assert_params_close(ddp, single_process_params(steps, batch), tol=1e-5)
+def test_ddp_gradient_accumulation_matches_one_process(gloo_runs):
+    ddp = torch.load(gloo_runs / "accum" / "ddp.pt", weights_only=True)
+    assert_params_close(ddp, single_process_params(3, 16), tol=1e-5)
 
 
 def splits_of(n_train, n_test):

@@ -1,10 +1,11 @@
-"""scripts/launch.sh end to end on CPU (DESIGN.md §5): profiled runs, nsys-less runs, bad settings."""
+"""scripts/launch.sh end to end on CPU (DESIGN.md §5): profiled runs, nsys-less runs, runs that
+never replace an earlier run, bad settings."""
 import json
-import os
-import subprocess
 
 import pytest
+import torch
 
+from tests.conftest import run_process
 from tests.nsys_helpers import REPO, path_without_nsys, require_nsys
 
 LAUNCH = REPO / "scripts" / "launch.sh"
@@ -14,11 +15,11 @@ TINY = ["--model", "resnet20", "--epochs", str(EPOCHS), "--dataset", "synthetic"
 CPU_PHASES = ("data", "forward", "backward", "optimizer")  # h2d appears only when a copy happens
 
 
-def launch(tmp_path, *args, timeout=300, **env):
+def launch(tmp_path, *args, budget=10, **env):
+    """scripts/launch.sh; `budget`: its measured seconds (10: a launch that stops before training)."""
     settings = {"NUM_GPUS": str(RANKS), "DATA_DIR": str(tmp_path / "data"), "CKPT_DIR": str(tmp_path / "ckpt"),
                 "NSIGHT_LOG_DIR": str(tmp_path / "logs"), **env}
-    return subprocess.run(["bash", str(LAUNCH), *args], cwd=tmp_path, env={**os.environ, **settings},
-                          capture_output=True, text=True, timeout=timeout)
+    return run_process(["bash", LAUNCH, *args], cwd=tmp_path, env=settings, budget=budget)
 
 
 @pytest.fixture(scope="module", params=["ddp", "ddp_dali"])
@@ -26,7 +27,7 @@ def profiled(request, tmp_path_factory):
     """(mode, finished launch, its log folder) for one profiled CPU run per mode."""
     require_nsys()
     tmp_path = tmp_path_factory.mktemp(request.param)
-    run = launch(tmp_path, *TINY, MODE=request.param, PROFILE="1")
+    run = launch(tmp_path, *TINY, MODE=request.param, PROFILE="1", budget=40)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return request.param, run, tmp_path / "logs"
 
@@ -81,22 +82,47 @@ def test_report_epoch_times_agree_with_metrics(profiled):
 def test_metrics_record_the_nsys_version(profiled):
     mode, _, logs = profiled
     metrics = json.loads((logs / f"{mode}_cpu{RANKS}.metrics.json").read_text())
-    version = subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout
+    version = run_process(["nsys", "--version"], budget=2).stdout
     assert metrics["env"]["nsys"] and metrics["env"]["nsys"] in version
 
 
-def test_profile_0_trains_without_nsys(tmp_path):
-    run = launch(tmp_path, *TINY, MODE="ddp", PROFILE="0", PATH=path_without_nsys(tmp_path))
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert (tmp_path / "logs" / f"ddp_cpu{RANKS}.metrics.json").is_file()
+@pytest.fixture(scope="module")
+def launched_twice(tmp_path_factory):
+    """(tmp folder, [three finished launches]): PROFILE=0 without nsys on PATH and without
+    CKPT_DIR: a one-epoch run, the same again, then --resume to a second epoch."""
+    tmp_path = tmp_path_factory.mktemp("twice")
+    env = {"MODE": "ddp", "NUM_GPUS": "1", "PROFILE": "0", "DATA_DIR": str(tmp_path / "data"),
+           "NSIGHT_LOG_DIR": str(tmp_path / "logs"), "PATH": path_without_nsys(tmp_path)}
+    tiny = ["--dataset", "synthetic", "--synthetic-train", "128", "--synthetic-test", "32", "--batch-size", "64",
+            "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1"]
+    runs = []
+    for args in (tiny, tiny, [*tiny[:-1], "2", "--resume"]):
+        runs.append(run_process(["bash", LAUNCH, *args], cwd=tmp_path, env=env, budget=15))
+        assert runs[-1].returncode == 0, runs[-1].stderr[-3000:]
+    return tmp_path, runs
+
+
+def test_profile_0_trains_without_nsys(launched_twice):
+    tmp_path, runs = launched_twice
+    assert (tmp_path / "logs" / "ddp_cpu1.metrics.json").is_file()
     assert not list((tmp_path / "logs").glob("*.nsys-rep"))
-    assert "UNPROFILED" not in run.stderr
+    assert not any("UNPROFILED" in run.stderr for run in runs)
+
+
+def test_launch_twice_in_a_row_keeps_both_runs_and_resume_continues_the_newest(launched_twice):
+    tmp_path, runs = launched_twice
+    folders = sorted((tmp_path / "ckpt" / "ddp_cpu1").iterdir())
+    assert len(folders) == 2 and all((folder / "last.pt").exists() for folder in folders)
+    assert torch.load(folders[0] / "last.pt", weights_only=True)["epoch"] == 1
+    assert torch.load(folders[1] / "last.pt", weights_only=True)["epoch"] == 2  # the resumed one
+    assert "resumed from" in runs[-1].stdout
 
 
 def test_profile_auto_without_nsys_warns_and_runs_unprofiled(tmp_path):
     failing_installer = tmp_path / "no_install.sh"
     failing_installer.write_text("exit 1\n")  # never the real installer in a test (it would run apt-get as root)
-    run = launch(tmp_path, "--help", MODE="ddp", PATH=path_without_nsys(tmp_path), NSYS_INSTALLER=str(failing_installer))
+    run = launch(tmp_path, "--help", MODE="ddp", PATH=path_without_nsys(tmp_path), NSYS_INSTALLER=str(failing_installer),
+                 budget=15)
     assert run.returncode == 0, run.stderr
     assert "running UNPROFILED" in run.stderr and "usage:" in run.stdout
 

@@ -7,18 +7,19 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import N_TEST, ROOT, SMALL, read_metrics, run_cli
+from tests.conftest import (N_TEST, ROOT, SLACK, SMALL, hung, kill_group, read_metrics, run_cli,
+                            two_epoch_args)
 
-COMMON = ["--epochs", 2, "--batch-size", 64, "--valid-size", 100, *SMALL]
+ONE_EPOCH = ["--epochs", 1, "--batch-size", 64, "--valid-size", 100, *SMALL]
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_epochs_straight_equal_one_epoch_then_resume_bit_for_bit(mode, data_root, tmp_path):
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    args = ["--mode", mode, "--num_gpu", 2, "--data", data_root, *COMMON]
-    for cmd in ([*args, "--ckpt", straight], [*args, "--ckpt", split, "--stop-after", 1],
-                [*args, "--ckpt", split, "--resume"]):
-        proc = run_cli(cmd)
+def test_two_epochs_straight_equal_one_epoch_then_resume_bit_for_bit(mode, two_epoch_run, data_root, tmp_path):
+    _, straight = two_epoch_run(mode)  # the run test_training_modes checks
+    split = tmp_path / "split"
+    args = ["--data", data_root, *two_epoch_args(mode, split)]
+    for extra, budget in ((["--stop-after", 1], 35), (["--resume"], 35)):
+        proc = run_cli([*args, *extra], budget=budget)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = torch.load(straight / "last.pt", weights_only=True), torch.load(split / "last.pt", weights_only=True)
     if mode == "ddp":
@@ -44,7 +45,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 def test_torchrun_single_node_two_processes(data_root, tmp_path):
     proc = run_cli(["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
                     str(ROOT / "train_cifar.py"), "--mode", "ddp", "--data", data_root,
-                    "--ckpt", tmp_path, *COMMON], cmd=TORCHRUN)
+                    "--ckpt", tmp_path, *ONE_EPOCH], cmd=TORCHRUN, budget=20)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = read_metrics(tmp_path / "metrics.json")
     assert m["env"]["world_size"] == 2 and m["test"]["samples"] == N_TEST
@@ -57,12 +58,21 @@ def test_torchrun_two_nodes_on_loopback_train_together(data_root, tmp_path):
         cmd = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node_rank}",
                "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train_cifar.py"),
                "--mode", "ddp", "--data", str(data_root), "--ckpt", str(tmp_path / f"node{node_rank}"),
-               *map(str, COMMON)]
+               *map(str, ONE_EPOCH)]
         # Both "nodes" share this machine's cores: one thread each, as on a real split.
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         nodes.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    outputs = [p.communicate(timeout=240) for p in nodes]
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    limit = SLACK * 25  # s, measured for both nodes together
+    try:
+        outputs = [p.communicate(timeout=limit) for p in nodes]
+    except subprocess.TimeoutExpired:
+        for p in nodes:
+            kill_group(p)
+        hung(nodes[0].args, limit, *nodes[0].communicate())
+    finally:
+        for p in nodes:
+            kill_group(p)
     for p, (_, err) in zip(nodes, outputs):
         assert p.returncode == 0, err[-3000:]
     m = read_metrics(tmp_path / "node0" / "metrics.json")

@@ -1,15 +1,14 @@
 """A run never destroys good state (issue 14): a diverging run stops before it saves,
 a fresh start never replaces an earlier run's checkpoints, and emulated bf16 is named."""
 import hashlib
-import os
-import subprocess
+import shutil
 
 import pytest
 import torch
 
 from handler.common import cpu_precision
 from handler.common.divergence import Diverged, DivergenceGuard
-from tests.conftest import ROOT, SMALL, error_lines, read_metrics, run_cli
+from tests.conftest import SMALL, error_lines, read_metrics, run_cli
 
 COMMON = ["--epochs", 1, "--batch-size", 64, "--valid-size", 0, *SMALL]
 
@@ -19,20 +18,21 @@ def digest(path) -> str:
 
 
 @pytest.fixture(scope="module")
-def earlier_run(data_root, tmp_path_factory):
-    """A finished one-epoch run: its folder holds a good last.pt."""
-    folder = tmp_path_factory.mktemp("earlier")
-    proc = run_cli(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", folder, *COMMON])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def earlier_run(two_epoch_run, tmp_path_factory):
+    """A finished run's folder with a good last.pt: a copy of the session's two-epoch ddp
+    run (these tests write over it on purpose; the original stays for other tests)."""
+    folder = tmp_path_factory.mktemp("earlier") / "ddp"
+    shutil.copytree(two_epoch_run("ddp")[1], folder)
     return folder
 
 
 def test_a_fresh_start_over_an_earlier_run_stops_in_one_line_and_keeps_it(earlier_run, data_root):
     before = digest(earlier_run / "last.pt")
-    proc = run_cli(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", earlier_run, *COMMON])
+    proc = run_cli(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", earlier_run, *COMMON],
+                   budget=10)
     lines = error_lines(proc)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert "already holds a ddp resnet20 run at epoch 1/1" in lines[0]
+    assert "already holds a ddp resnet20 run at epoch 2/2" in lines[0]
     assert all(hint in lines[0] for hint in ("--resume", "--ckpt", "--overwrite"))
     assert digest(earlier_run / "last.pt") == before
 
@@ -44,7 +44,7 @@ def test_a_diverging_run_stops_naming_the_step_and_never_saves(mode, earlier_run
     folder = earlier_run if mode == "ddp" else tmp_path
     before = digest(folder / "last.pt") if mode == "ddp" else None
     proc = run_cli(["--mode", mode, "--num_gpu", 2, "--data", data_root, "--ckpt", folder, "--overwrite",
-                    "--lr", "1e6", *COMMON])
+                    "--lr", "1e6", *COMMON], budget=15)
     lines = error_lines(proc)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1 and "NaN/inf" in lines[0] and "epoch 1, step" in lines[0], proc.stderr
@@ -76,22 +76,6 @@ def test_with_a_grad_scaler_only_a_run_of_patience_non_finite_losses_trips():
         diverged.check(epoch=0)
 
 
-def test_launch_twice_in_a_row_keeps_both_runs_and_resume_continues_the_newest(tmp_path):
-    env = {**os.environ, "MODE": "ddp", "NUM_GPUS": "1", "PROFILE": "0", "DATA_DIR": str(tmp_path / "data"),
-           "NSIGHT_LOG_DIR": str(tmp_path / "logs")}
-    tiny = ["--dataset", "synthetic", "--synthetic-train", "128", "--synthetic-test", "32", "--batch-size", "64",
-            "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1"]
-    for args in (tiny, tiny, [*tiny[:-1], "2", "--resume"]):
-        proc = subprocess.run(["bash", str(ROOT / "scripts" / "launch.sh"), *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=180)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = sorted((tmp_path / "ckpt" / "ddp_cpu1").iterdir())
-    assert len(runs) == 2 and all((run / "last.pt").exists() for run in runs)
-    assert torch.load(runs[0] / "last.pt", weights_only=True)["epoch"] == 1
-    assert torch.load(runs[1] / "last.pt", weights_only=True)["epoch"] == 2  # the resumed one
-    assert "resumed from" in proc.stdout
-
-
 def test_bf16_counts_as_emulated_without_the_cpu_flags_or_under_an_avx2_cap(tmp_path, monkeypatch):
     with_flags, without = tmp_path / "with", tmp_path / "without"
     with_flags.write_text("flags\t\t: fpu sse avx2 avx512f avx512_bf16\n")
@@ -106,9 +90,9 @@ def test_bf16_counts_as_emulated_without_the_cpu_flags_or_under_an_avx2_cap(tmp_
 
 
 def test_a_bf16_run_on_an_emulating_cpu_warns_once_and_records_it(data_root, tmp_path):
-    tiny = ["--synthetic-train", 40, "--synthetic-test", 8, "--batch-size", 8, "--valid-size", 0]
+    tiny = ["--synthetic-train", 16, "--synthetic-test", 8, "--batch-size", 8, "--valid-size", 0]  # 2 steps
     proc = run_cli(["--mode", "dp", "--data", tmp_path / "data", "--ckpt", tmp_path, "--amp", "bf16",
-                    "--epochs", 1, *SMALL, *tiny], env={"ONEDNN_MAX_CPU_ISA": "AVX2"}, timeout=120)
+                    "--epochs", 1, *SMALL, *tiny], env={"ONEDNN_MAX_CPU_ISA": "AVX2"}, budget=10)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum("bf16 on this CPU is emulated" in line for line in proc.stderr.splitlines()) == 1
     assert any("emulated" in note for note in read_metrics(tmp_path / "metrics.json")["env"]["notes"])

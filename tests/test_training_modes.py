@@ -1,7 +1,7 @@
 """End to end: each mode trains on CPU, writes the DESIGN.md metrics, and learns."""
 import pytest
 
-from tests.conftest import N_TEST, SMALL, read_metrics, run_cli
+from tests.conftest import N_TEST, PROCESSES, read_metrics
 from handler.common.phases import LOOP_PHASES
 
 EPOCH_KEYS = {"epoch", "time_s", "train_samples", "train_loss", "train_acc", "images_per_s",
@@ -10,17 +10,11 @@ ENV_KEYS = {"mode", "world_size", "backend", "device", "gpus", "dataset", "torch
             "dali", "nsys", "started_at"}
 
 
-def train_two_epochs(mode, procs, data_root, tmp_path):
-    out = tmp_path / "run"
-    proc = run_cli(["--mode", mode, "--num_gpu", procs, "--data", data_root, "--ckpt", out,
-                    "--epochs", 2, "--batch-size", 64, "--valid-size", 100, "--lr", 0.05, *SMALL])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, read_metrics(out / "metrics.json")
-
-
-@pytest.mark.parametrize("mode,procs", [("dp", 1), ("ddp", 2), ("ddp_dali", 2)])
-def test_mode_trains_two_epochs_writes_metrics_and_learns(mode, procs, data_root, tmp_path):
-    proc, m = train_two_epochs(mode, procs, data_root, tmp_path)
+@pytest.mark.parametrize("mode", ["dp", "ddp", "ddp_dali", "fsdp"])
+def test_mode_trains_two_epochs_writes_metrics_and_learns(mode, two_epoch_run):
+    # The same runs are the straight runs the resume tests must reproduce (conftest).
+    proc, folder = two_epoch_run(mode)
+    m, procs = read_metrics(folder / "metrics.json"), PROCESSES[mode]
     assert m["schema"] == 1
     assert ENV_KEYS <= set(m["env"])
     assert m["env"]["mode"] == mode and m["env"]["world_size"] == procs
@@ -40,7 +34,7 @@ def test_mode_trains_two_epochs_writes_metrics_and_learns(mode, procs, data_root
     assert m["test"]["acc"] > 0.3, "well above the 0.1 of chance"
     assert m["epochs"][1]["train_loss"] < m["epochs"][0]["train_loss"]
     assert m["total_time_s"] > 0
-    assert (tmp_path / "run" / "last.pt").is_file() and (tmp_path / "run" / "best.pt").is_file()
+    assert (folder / "last.pt").is_file() and (folder / "best.pt").is_file()
     if mode == "dp" and m["env"]["device"] == "cpu":  # DP without GPUs says so, once, and records it
         assert proc.stdout.count("DP needs GPUs to split work") == 1
         assert any("DP needs GPUs" in n for n in m["env"]["notes"])

@@ -2,11 +2,16 @@
 import torch
 from torch.distributed.fsdp import fully_shard
 
+from .old_torch import gloo_reduce_policy, patch_cpu_fsdp
+
 
 def model_to_FSDP(model: torch.nn.Module) -> torch.nn.Module:
     """Shard each stage as its own unit (so only one stage's parameters are gathered at
     a time), then the rest at the root. fully_shard changes `model` in place."""
+    if next(model.parameters()).device.type == "cpu":
+        patch_cpu_fsdp()
+    policy = gloo_reduce_policy()
     for stage in getattr(model, "stages", ()):
-        fully_shard(stage)
-    fully_shard(model)
+        fully_shard(stage, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
