@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from handler.common.checkpoint import load_checkpoint
-from tests.conftest import ROOT, SLACK, SMALL, error_lines, hung, read_metrics, run_cli
+from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, hung, read_metrics, run_cli
 
 # ~2-3 s per epoch on 2 cores: long enough to hit mid-epoch, short enough to finish.
 LONG = ["--batch-size", 32, "--valid-size", 100, "--lr", 0.05, *SMALL]
@@ -199,6 +199,8 @@ def test_elastic_restart_resumes_from_the_last_checkpoint_and_completes(data_roo
     assert "elastic restart 1: resuming from" in output(proc)
     m = read_metrics(tmp_path / "metrics.json")
     assert [e["epoch"] for e in m["epochs"]] == [0, 1]
+    # torchrun on one node with 2 processes trains to the end: both ranks, every test image.
+    assert m["env"]["world_size"] == 2 and m["test"]["samples"] == N_TEST
 
 
 KILL_DURING_SAVE = """

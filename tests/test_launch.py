@@ -91,7 +91,8 @@ def launched_twice(tmp_path_factory):
     """(tmp folder, [three finished launches]): PROFILE=0 without nsys on PATH and without
     CKPT_DIR: a one-epoch run, the same again, then --resume to a second epoch."""
     tmp_path = tmp_path_factory.mktemp("twice")
-    env = {"MODE": "ddp", "NUM_GPUS": "1", "PROFILE": "0", "DATA_DIR": str(tmp_path / "data"),
+    # dp: one process per launch (the mode does not matter here; ddp would start a rank too)
+    env = {"MODE": "dp", "NUM_GPUS": "1", "PROFILE": "0", "DATA_DIR": str(tmp_path / "data"),
            "NSIGHT_LOG_DIR": str(tmp_path / "logs"), "PATH": path_without_nsys(tmp_path)}
     tiny = ["--dataset", "synthetic", "--synthetic-train", "128", "--synthetic-test", "32", "--batch-size", "64",
             "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1"]
@@ -104,14 +105,14 @@ def launched_twice(tmp_path_factory):
 
 def test_profile_0_trains_without_nsys(launched_twice):
     tmp_path, runs = launched_twice
-    assert (tmp_path / "logs" / "ddp_cpu1.metrics.json").is_file()
+    assert (tmp_path / "logs" / "dp_cpu1.metrics.json").is_file()
     assert not list((tmp_path / "logs").glob("*.nsys-rep"))
     assert not any("UNPROFILED" in run.stderr for run in runs)
 
 
 def test_launch_twice_in_a_row_keeps_both_runs_and_resume_continues_the_newest(launched_twice):
     tmp_path, runs = launched_twice
-    folders = sorted((tmp_path / "ckpt" / "ddp_cpu1").iterdir())
+    folders = sorted((tmp_path / "ckpt" / "dp_cpu1").iterdir())
     assert len(folders) == 2 and all((folder / "last.pt").exists() for folder in folders)
     assert torch.load(folders[0] / "last.pt", weights_only=True)["epoch"] == 1
     assert torch.load(folders[1] / "last.pt", weights_only=True)["epoch"] == 2  # the resumed one
