@@ -21,6 +21,10 @@ case "$MODE" in
     *) die "MODE='$MODE' is not a mode; use MODE=dp, ddp, ddp_dali, fsdp or pp" ;;
 esac
 
+# Checked before set-up and the GPU count, so a typo costs no torch start-up.
+[[ -z "${NUM_GPUS:-}" || "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] \
+    || die "NUM_GPUS='$NUM_GPUS' is not a positive integer; set e.g. NUM_GPUS=2"
+
 PROFILE="${PROFILE:-auto}"
 case "$PROFILE" in auto|1|0) ;; *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;; esac
 case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1; use GPU_METRICS=1 to sample GPU metrics (GPU runs)" ;; esac
@@ -64,7 +68,6 @@ else
     device=cpu default_count=2
 fi
 NUM_GPUS="${NUM_GPUS:-$default_count}"
-[[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS='$NUM_GPUS' is not a positive integer; set e.g. NUM_GPUS=2"
 
 DATA_DIR="${DATA_DIR:-./data}"
 NSIGHT_LOG_DIR="${NSIGHT_LOG_DIR:-nsight_logs}"

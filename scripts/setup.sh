@@ -36,7 +36,7 @@ choice="torch from ${TORCH_INDEX_URL:-PyPI}, $DALI_PACKAGE"
 # driver (or TORCH_INDEX_URL) installs once more. requirements-test.txt includes
 # requirements.txt, so its stamp covers the runtime too: launch.sh after scripts/test.sh
 # installs nothing and prints nothing.
-hash="$(cat requirements*.txt | sha1sum | cut -c1-12)"
+hash="$(cat requirements.txt requirements-test.txt | sha1sum | cut -c1-12)"  # not the old-torch file: its own venv
 stamp=".venv/.installed-$hash-$(basename "$req")"
 covered=".venv/.installed-$hash-requirements-test.txt"
 [ "$dry" = 1 ] && echo "setup: stamp $stamp records: $choice"
