@@ -219,14 +219,19 @@ METRIC_NAMES = {1: "SMs Active [Throughput %]", 2: "SM Issue [Throughput %]",
                 7: "PCIe TX Throughput [MB/s]", 8: "GR Active [Throughput %]"}
 
 
-def metrics_export(path, samples):
-    """One rank (pid 5) with one epoch 0-1000 ms and a kernel on GPU 1; samples: (t_ms, metricId, value)."""
-    db = sqlite3.connect(path)
-    db.executescript("""
+# The tables every hand-built export below starts from.
+BASE_TABLES = """
         CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
         CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, text TEXT, textId INTEGER, globalTid INTEGER);
         CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER,
                                                  globalPid INTEGER, shortName INTEGER, correlationId INTEGER);
+"""
+
+
+def metrics_export(path, samples):
+    """One rank (pid 5) with one epoch 0-1000 ms and a kernel on GPU 1; samples: (t_ms, metricId, value)."""
+    db = sqlite3.connect(path)
+    db.executescript(BASE_TABLES + """
         CREATE TABLE TARGET_INFO_GPU_METRICS (typeId INTEGER, sourceId INTEGER, typeName TEXT,
                                               metricId INTEGER, metricName TEXT);
         CREATE TABLE GPU_METRICS (timestamp INTEGER, typeId INTEGER, metricId INTEGER, value INTEGER);
@@ -283,11 +288,7 @@ def test_launch_from_a_thread_without_ranges_takes_the_training_threads_phase(tm
     """An autograd device thread or a helper thread opens no ranges; its launches follow the training thread."""
     path = tmp_path / "threads.sqlite"
     db = sqlite3.connect(path)
-    db.executescript("""
-        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
-        CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, text TEXT, textId INTEGER, globalTid INTEGER);
-        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER,
-                                                 globalPid INTEGER, shortName INTEGER, correlationId INTEGER);
+    db.executescript(BASE_TABLES + """
         CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, globalTid INTEGER, correlationId INTEGER);
         INSERT INTO StringIds VALUES (1, 'k');
     """)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from ..common.loop import _summarise
+from ..common.loop import _summarise, update
 from ..common.nvtx import nvtx_range
 from ..common.phases import no_timer
 
@@ -18,11 +18,7 @@ def pipeline_step(step, images, labels, timer=no_timer) -> torch.Tensor:
     """One optimisation step: the schedule runs forward and backward of all micro-batches,
     then each stage updates its own parameters (no gradient crosses stages)."""
     sums = step.model.train_step(images, labels, timer)
-    with nvtx_range("optimizer"), timer("optimizer"):
-        step.scaler.step(step.optimizer)
-        step.scaler.update()
-        step.optimizer.zero_grad(set_to_none=True)
-        step.scheduler.step()
+    update(step, timer)
     return sums
 
 

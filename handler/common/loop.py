@@ -115,12 +115,18 @@ def _optimise(step: Step, images, labels, timer=no_timer) -> torch.Tensor:
             with nvtx_range("backward"), timer("backward"):
                 step.scaler.scale(loss * (y.shape[0] / n)).backward()
         sums += torch.stack([loss.detach().double() * y.shape[0], right.double()])
+    update(step, timer)
+    return sums
+
+
+def update(step: Step, timer=no_timer) -> None:
+    """The optimiser's part of a step (every mode's, pp's included): scaled step, zeroed
+    gradients, learning-rate schedule."""
     with nvtx_range("optimizer"), timer("optimizer"):
         step.scaler.step(step.optimizer)
         step.scaler.update()
         step.optimizer.zero_grad(set_to_none=True)
         step.scheduler.step()
-    return sums
 
 
 @torch.no_grad()
