@@ -12,7 +12,6 @@ from typing import Optional
 from .errors import UserError
 
 MODES = ("dp", "ddp", "ddp_dali", "fsdp", "pp")
-DDP_MODES = ("ddp", "ddp_dali", "fsdp")
 PP_SCHEDULES = ("gpipe", "1f1b")  # --mode pp; handler/PP/schedule.py
 DALI_SOURCES = ("memory", "raw", "jpeg")  # what --mode ddp_dali reads; handler/DALI/cifar10_loader.py
 CPU_DEFAULT_PROCS = 2

@@ -55,6 +55,13 @@ def epoch_seed(cfg, epoch: int) -> int:
     return cfg.seed + 1_000_003 * (epoch + 1) + 7919 * cfg.rank
 
 
+def _evaluate_replicas(raw, loader, name: str, **options) -> dict:
+    """The loop's evaluation on the unwrapped model, after every rank takes rank 0's
+    BatchNorm statistics (they stay rank-local in training)."""
+    dist.broadcast_buffers(raw)
+    return evaluate(raw, loader, name, **options)
+
+
 def fit(cfg, strategy: Strategy) -> dict:
     device = torch.device(cfg.device)
     if device.type == "cpu":
@@ -90,7 +97,7 @@ def fit(cfg, strategy: Strategy) -> dict:
     step = Step(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
                 channels_last=cfg.channels_last, criterion=strategy.criterion, optimise=strategy.step)
-    evaluate_on = partial(evaluate, raw, device=device, autocast=step.autocast,
+    evaluate_on = partial(_evaluate_replicas, raw, device=device, autocast=step.autocast,
                           channels_last=cfg.channels_last, lockstep=strategy.lockstep_eval)
     if strategy.evaluate:  # the mode evaluates through its wrapper (pp: stage after stage)
         evaluate_on = partial(strategy.evaluate, model, device=device, autocast=step.autocast)
@@ -123,8 +130,6 @@ def fit(cfg, strategy: Strategy) -> dict:
                 raise StopRequested(stop.agreed_signal())
             val = {"loss": None, "acc": None, "samples": 0}
             if loaders.valid is not None:
-                if not strategy.evaluate:
-                    dist.broadcast_buffers(raw)
                 val = evaluate_on(loaders.valid, "validate")
             record = _epoch_record(epoch, train, val, first_step)
             history.append(record)
@@ -141,8 +146,6 @@ def fit(cfg, strategy: Strategy) -> dict:
     finally:
         stop.close()
 
-    if not strategy.evaluate:
-        dist.broadcast_buffers(raw)
     test = evaluate_on(loaders.test, "test")
     total = time.perf_counter() - started
     if cfg.is_main:
