@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
-"""Train a CNN on CIFAR-10 with DataParallel (dp), DDP (ddp) or DDP + DALI (ddp_dali).
+"""Train a CNN on CIFAR-10 with DataParallel (dp), DDP (ddp), DDP + DALI (ddp_dali),
+FSDP (fsdp) or a pipeline of model slices (pp).
 
-This file only parses, validates and dispatches; each mode lives in handler/.
+This file only parses, validates and dispatches; each mode lives in handler/ (see handler/modes.py).
 """
 import sys
 
-from handler.common.config import parse_config
-from handler.common.devices import cuda_status, require_usable_gpus
-from handler.common.errors import one_line_errors
-from handler.common.preflight import preflight
 from handler.DDP.utils import elastic_restart_count, launched_by_torchrun
-from handler.modes import run_mode
+from handler.modes import parse_config, preflight, run_mode
+from handler.runtime.devices import cuda_status, require_usable_gpus
+from handler.runtime.errors import one_line_errors
 
 
 def main(argv=None) -> int:

@@ -17,7 +17,7 @@ BUSY_LOAD = 1.5  # a 1-minute load average above this at the start: other jobs a
 if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench.x`
     sys.path.insert(0, str(ROOT))
 
-from handler.common.cpu_memory import keep_freed_memory  # noqa: E402
+from handler.runtime.cpu_memory import keep_freed_memory  # noqa: E402
 from handler.compare.provenance import hardware, now, versions  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def _fmt(value) -> str:
 def context(name: str) -> dict:
     """Hardware, versions, date, command and machine load, taken when a benchmark starts:
     a number without them cannot be compared. Other jobs on the machine show in the load.
-    The allocator gets the trainer's CPU setting (handler/common/cpu_memory.py)."""
+    The allocator gets the trainer's CPU setting (handler/runtime/cpu_memory.py)."""
     return {"date": now(), "hardware": hardware(), "versions": versions(), "cpu_allocator": keep_freed_memory(),
             "command": " ".join(["python -m", f"bench.{name}", *sys.argv[1:]]),
             "load_average_before": list(os.getloadavg())}
@@ -95,7 +95,7 @@ def emit(name: str, results: dict, args, text: str, started: dict) -> dict:
 
 
 def make_optimizer(model):
-    """The trainer's recipe (handler/common/trainer.py): SGD, Nesterov momentum, weight decay."""
+    """The trainer's recipe (handler/train/trainer.py): SGD, Nesterov momentum, weight decay."""
     import torch
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
 
@@ -105,8 +105,8 @@ def make_step(model, steps_per_epoch: int):
     from contextlib import nullcontext
 
     import torch
-    from handler.common.loop import Step
-    from handler.common.trainer import warmup_cosine
+    from handler.train.loop import Step
+    from handler.train.trainer import warmup_cosine
     optimizer = make_optimizer(model)
     return Step(model=model, optimizer=optimizer, scheduler=warmup_cosine(optimizer, steps_per_epoch, 100),
                 scaler=torch.amp.GradScaler("cpu", enabled=False), autocast=nullcontext)

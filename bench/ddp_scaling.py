@@ -25,8 +25,8 @@ import torch
 
 from bench.common import (alternate, check_target, context, emit, fixed_batches, free_port, make_step,
                           parser, summary, table)
-from handler.common.cpu_memory import keep_freed_memory
-from handler.common.loop import _optimise
+from handler.runtime.cpu_memory import keep_freed_memory
+from handler.train.loop import _optimise
 from handler.DDP.model import model_to_DDP
 from handler.DDP.utils import destroy_process, initialize_group, run_process
 from models import build_model

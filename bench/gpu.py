@@ -20,7 +20,7 @@ from statistics import median
 from typing import List
 
 from bench.common import context, emit, parser, table
-from handler.common.devices import cuda_status
+from handler.runtime.devices import cuda_status
 
 FULL = dict(images=50_000, epochs=3, rounds=3)
 QUICK = dict(images=2_048, epochs=2, rounds=2)

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from bench.common import alternate, check_target, context, emit, parser, summary, table
-from handler.common.config import Config
-from handler.common.dataset import Splits
-from handler.common.loop import sync
-from handler.common.synthetic import CLASSES, make_images
+from handler.train.config import Config
+from handler.data.dataset import Splits
+from handler.train.loop import sync
+from handler.data.synthetic import CLASSES, make_images
 from handler.DALI.cifar10_loader import SOURCES, get_DALI_loader, resolve_source
 from handler.DDP.cifar10_loader import get_DDP_loader
 

@@ -25,7 +25,7 @@ RANGES_PER_STEP = 6  # batch, data, forward, backward, optimizer, + h2d on GPU o
 
 
 def per_range_ns(active: bool, n: int) -> float:
-    import handler.common.nvtx as nvtx
+    import handler.runtime.nvtx as nvtx
     saved = nvtx.ACTIVE
     nvtx.ACTIVE = active
     if active:
@@ -42,7 +42,7 @@ def per_range_ns(active: bool, n: int) -> float:
 
 
 def step_seconds(steps: int, batch: int) -> float:
-    from handler.common.loop import _optimise
+    from handler.train.loop import _optimise
     from models import build_model
     model = build_model("resnet20", 10)
     step = make_step(model, steps)

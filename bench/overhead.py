@@ -4,7 +4,7 @@
 
 Both sides train the same model (resnet20; same initial weights) on the same batches,
 made once and already on the device, with the same optimizer (the trainer's SGD):
-  - harness: handler/common/loop.py's train_epoch with the real Step (scheduler,
+  - harness: handler/train/loop.py's train_epoch with the real Step (scheduler,
     disabled GradScaler, no-op autocast, on-device loss/accuracy sums) and the
     trainer's per-step StopFlag check, the model
     DDP-wrapped in a 1-rank gloo group as --mode ddp does, NVTX ranges enabled
@@ -17,7 +17,7 @@ round. The ratio is harness ÷ bare, paired round by round, median over rounds.
 """
 import os
 
-os.environ.setdefault("HARNESS_NVTX", "1")  # before handler.common.nvtx is imported
+os.environ.setdefault("HARNESS_NVTX", "1")  # before handler.runtime.nvtx is imported
 
 import copy  # noqa: E402
 import resource  # noqa: E402
@@ -29,10 +29,10 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench.common import (alternate, check_target, context, emit, fixed_batches, free_port,  # noqa: E402
                           make_optimizer, make_step, parser, summary, table)
-from handler.common import nvtx  # noqa: E402
-from handler.common.divergence import DivergenceGuard  # noqa: E402
-from handler.common.loop import sync, train_epoch  # noqa: E402
-from handler.common.stopping import StopFlag  # noqa: E402
+from handler.runtime import nvtx  # noqa: E402
+from handler.train.divergence import DivergenceGuard  # noqa: E402
+from handler.train.loop import sync, train_epoch  # noqa: E402
+from handler.runtime.stopping import StopFlag  # noqa: E402
 from handler.DDP.model import model_to_DDP  # noqa: E402
 from handler.DDP.utils import destroy_process, initialize_group  # noqa: E402
 from models import build_model  # noqa: E402

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from bench.common import context, emit, fixed_batches, free_port, make_step, parser, table
-from handler.common.cpu_memory import keep_freed_memory
-from handler.common.loop import _optimise
+from handler.runtime.cpu_memory import keep_freed_memory
+from handler.train.loop import _optimise
 from handler.DDP.utils import destroy_process, initialize_group, run_process
 from handler.profiling.bubble import theoretical_bubble
 from handler.PP.schedule import model_to_pipeline

@@ -1,31 +1,41 @@
-"""Which code runs each --mode. Each DDP-style mode is a Strategy for the shared loop."""
-from functools import partial
+"""Which package runs each --mode: one line per mode below. Each names a module whose MODE
+(handler/train/mode.py) brings the mode's option rules, start-up checks and entry, so the
+shared code (handler/data, handler/train, handler/runtime) never imports a mode."""
+import importlib
 
-from .common.strategy import Strategy
+PACKAGES = {  # --mode name: the module holding its MODE, in the order --help lists them
+    "dp": "handler.DP.mode",
+    "ddp": "handler.DDP.mode",
+    "ddp_dali": "handler.DALI.mode",
+    "fsdp": "handler.FSDP.mode",
+    "pp": "handler.PP.mode",
+}
+MODES = tuple(PACKAGES)
 
 
-def strategy_for(cfg) -> Strategy:
-    from .DDP.cifar10_loader import get_DDP_loader
-    from .DDP.model import model_to_DDP
-    if cfg.mode == "ddp":
-        return Strategy(wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn), make_loaders=get_DDP_loader)
-    if cfg.mode == "ddp_dali":
-        from .DALI.cifar10_loader import get_DALI_loader
-        return Strategy(wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn), make_loaders=get_DALI_loader)
-    if cfg.mode == "fsdp":
-        from .FSDP.checkpoint import ShardedState
-        from .FSDP.model import model_to_FSDP
-        return Strategy(wrap=model_to_FSDP, make_loaders=get_DDP_loader, state=ShardedState(),
-                        lockstep_eval=True)
-    if cfg.mode == "pp":
-        from .PP.strategy import pipeline_strategy
-        return pipeline_strategy(cfg)
-    raise ValueError(cfg.mode)
+def mode_for(name: str):
+    return importlib.import_module(PACKAGES[name]).MODE
+
+
+def all_modes() -> dict:
+    return {name: mode_for(name) for name in MODES}
+
+
+def parse_config(argv=None, *, cuda_count=None):
+    """The command line as a validated Config (handler/train/config.py), every mode's rules included."""
+    from .train.config import parse_config as parse
+    return parse(argv, all_modes(), cuda_count=cuda_count)
+
+
+def validate(cfg) -> None:
+    from .train.config import validate as check
+    check(cfg, all_modes())
+
+
+def preflight(cfg, *, spawning: bool, restarted: bool = False):
+    from .train.preflight import preflight as check
+    return check(cfg, mode_for(cfg.mode), spawning=spawning, restarted=restarted)
 
 
 def run_mode(cfg) -> None:
-    if cfg.mode == "dp":
-        from .DP.run import run
-        return run(cfg)
-    from .DDP.run import run
-    run(cfg, strategy_for(cfg))
+    mode_for(cfg.mode).run(cfg)

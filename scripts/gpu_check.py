@@ -241,7 +241,7 @@ def run_all(checks: List[Check], runner, say=print) -> List[Result]:
 
 def environment() -> dict:
     import torch
-    from handler.common.metrics import _dali_version
+    from handler.train.metrics import _dali_version
     smi = shutil.which("nvidia-smi")
     driver = None
     if smi:
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="gpu_check", help="folder for the table, the JSON and the runs' logs")
     p.add_argument("--no-tests", dest="tests", action="store_false", help="leave out the gpu-marked tests")
     args = p.parse_args(argv)
-    from handler.common.devices import cuda_status
+    from handler.runtime.devices import cuda_status
     gpus, why = cuda_status()
     if not gpus:
         why = why.removesuffix("; running on CPU") or "none visible"

@@ -61,7 +61,7 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 # torch counts the GPUs (honouring CUDA_VISIBLE_DEVICES), and stops in one line when the
 # machine has GPUs this torch build cannot use: never CPU training with GPU defaults.
-visible_gpus="$(cd "$ROOT" && "$PYTHON" -m handler.common.devices)" || exit 2
+visible_gpus="$(cd "$ROOT" && "$PYTHON" -m handler.runtime.devices)" || exit 2
 if [[ "$visible_gpus" -gt 0 ]]; then
     device=gpu default_count="$visible_gpus"
 else

@@ -16,8 +16,8 @@ run() { if [ "$dry" = 1 ]; then echo "setup: would run: $*"; else "$@"; fi; }
 
 # Standard library only, so it runs before .venv exists;
 # sets TORCH_INDEX_URL, TORCH_PINS, DALI_PACKAGE and REASON.
-build="$("$python" handler/common/cuda_build.py)" \
-    || { echo "setup: $python could not run handler/common/cuda_build.py; set PYTHON_BOOTSTRAP to a Python 3.9+" >&2; exit 1; }
+build="$("$python" handler/runtime/cuda_build.py)" \
+    || { echo "setup: $python could not run handler/runtime/cuda_build.py; set PYTHON_BOOTSTRAP to a Python 3.9+" >&2; exit 1; }
 eval "$build"
 # What .venv holds (written after each install); a .venv made before setup.sh chose builds
 # holds PyPI's torch and the CUDA 12 DALI.
@@ -27,7 +27,7 @@ if [ -f .venv/.build ]; then
 fi
 if [ "${SETUP_KEEP_BUILD:-0}" = 1 ] && [ -x .venv/bin/python ]; then
     # launch.sh: an existing .venv keeps its builds, never a surprise download; a driver they
-    # do not fit stops in one line (handler/common/devices.py) naming this script as the fix.
+    # do not fit stops in one line (handler/runtime/devices.py) naming this script as the fix.
     TORCH_INDEX_URL="$installed_index" DALI_PACKAGE="$installed_dali" REASON="the builds .venv holds"
 fi
 choice="torch from ${TORCH_INDEX_URL:-PyPI}, $DALI_PACKAGE"

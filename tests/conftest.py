@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handler.common.devices import cuda_status  # noqa: E402
-from handler.common.synthetic import write_synthetic  # noqa: E402
+from handler.runtime.devices import cuda_status  # noqa: E402
+from handler.data.synthetic import write_synthetic  # noqa: E402
 
 # A small synthetic set: learnable in 2 epochs of resnet20, sizes deliberately not
 # divisible by the world sizes and batch sizes the tests use.
@@ -68,7 +68,7 @@ def pytest_runtest_setup(item):
 
 def _torch_sees_gpus(show: bool) -> None:
     import torch
-    from handler.common import devices
+    from handler.runtime import devices
     real = _torch_sees_gpus.__dict__.setdefault("real", (torch.cuda.is_available, torch.cuda.device_count))
     torch.cuda.is_available, torch.cuda.device_count = real if show else (lambda: False, lambda: 0)
     devices.cuda_status.cache_clear()

@@ -6,7 +6,7 @@ import torch.distributed
 import torch.nn as nn
 import torch.nn.functional as F
 
-from handler.common.loop import Step, _optimise
+from handler.train.loop import Step, _optimise
 from handler.DDP.model import model_to_DDP
 from handler.DDP.utils import destroy_process, initialize_group
 
@@ -65,7 +65,7 @@ def ddp_worker(proc_id, world, port, steps, batch, accum_steps, out_dir, wrap="d
 def bn_worker(proc_id, world, port, out_dir):
     """Train a BatchNorm net under DDP on different data per rank; rank 0 saves every
     rank's BatchNorm statistics before and after dist.broadcast_buffers."""
-    from handler.common import dist
+    from handler.runtime import dist
 
     me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=60)
     try:

@@ -4,7 +4,7 @@ import os
 import torch
 import torch.distributed
 
-from handler.common.loop import Step, _optimise
+from handler.train.loop import Step, _optimise
 from handler.DDP.utils import destroy_process, initialize_group
 from handler.PP.checkpoint import PipelineState
 from handler.PP.schedule import model_to_pipeline

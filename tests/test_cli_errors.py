@@ -4,8 +4,8 @@ import sys
 import pytest
 
 import train_cifar
-from handler.common.config import parse_config
-from handler.common.errors import UserError
+from handler.modes import parse_config
+from handler.runtime.errors import UserError
 from tests.conftest import SMALL, error_lines, run_cli
 
 
@@ -62,7 +62,7 @@ def test_valid_size_not_below_train_size_is_caught_before_training(data_root, tm
 
 
 def test_missing_data_in_offline_cifar10_mode(tmp_path, capsys, monkeypatch):
-    import handler.common.cifar_files as files
+    import handler.data.cifar_files as files
     monkeypatch.setattr(files, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")
     line = fails_with_one_line(["--dataset", "cifar10", "--data", tmp_path / "nothing", "--ckpt", tmp_path], capsys)
     assert "could not be downloaded" in line and "--dataset synthetic" in line

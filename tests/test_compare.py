@@ -9,8 +9,8 @@ from tests.conftest import ROOT, run_cli
 from handler.compare.cells import DP_CPU_SKIP, Cell, Variant, build_variants, default_counts, matrix, parse_variant
 from handler.compare.results import build_rows
 from handler.compare.runner import Outcome, last_error_line
-from handler.common.config import MODES
-from handler.common.errors import UserError
+from handler.modes import MODES
+from handler.runtime.errors import UserError
 
 TINY = ["--model", "resnet20", "--epochs", "1", "--dataset", "synthetic", "--synthetic-train", "256",
         "--synthetic-test", "64", "--batch-size", "32", "--workers", "0", "--valid-size", "0", "--save", "none"]

@@ -7,7 +7,7 @@ from tests.conftest import ROOT, run_process
 PROBE = """
 import json, resource, sys
 import numpy as np
-from handler.common.cpu_memory import keep_freed_memory
+from handler.runtime.cpu_memory import keep_freed_memory
 setting = keep_freed_memory()
 def step():  # a training step's activations: several big blocks alive at once, then freed
     blocks = [np.ones(2_000_000) for _ in range(4)]  # 4 x 16 MB

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from handler.common import cuda_build
+from handler.runtime import cuda_build
 from tests.conftest import ROOT
 from tests.test_devices import fake_smi, visible
 
@@ -16,9 +16,9 @@ from tests.test_devices import fake_smi, visible
 def checkout(tmp_path):
     """The files setup.sh reads, in a folder of their own (so the real .venv is never touched)."""
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "handler" / "common").mkdir(parents=True)
+    (tmp_path / "handler" / "runtime").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts")
-    shutil.copy(ROOT / "handler" / "common" / "cuda_build.py", tmp_path / "handler" / "common")
+    shutil.copy(ROOT / "handler" / "runtime" / "cuda_build.py", tmp_path / "handler" / "runtime")
     for req in ROOT.glob("requirements*.txt"):
         shutil.copy(req, tmp_path)
     return tmp_path

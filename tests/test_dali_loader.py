@@ -13,12 +13,12 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)")
 
-from handler.common.augment import MEAN, STD, eval_transform  # noqa: E402
-from handler.common.config import Config  # noqa: E402
-from handler.common.dataset import Splits  # noqa: E402
-from handler.common.devices import cuda_status  # noqa: E402
-from handler.common.errors import UserError  # noqa: E402
-from handler.common.synthetic import make_images  # noqa: E402
+from handler.data.augment import MEAN, STD, eval_transform  # noqa: E402
+from handler.train.config import Config  # noqa: E402
+from handler.data.dataset import Splits  # noqa: E402
+from handler.runtime.devices import cuda_status  # noqa: E402
+from handler.runtime.errors import UserError  # noqa: E402
+from handler.data.synthetic import make_images  # noqa: E402
 from handler.DALI import derived  # noqa: E402
 from handler.DALI.cifar10_loader import get_DALI_loader, require_dali, resolve_source  # noqa: E402
 

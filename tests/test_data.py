@@ -4,10 +4,10 @@ import pickle
 import numpy as np
 import pytest
 
-from handler.common.cifar_files import FOLDER, read_cifar
-from handler.common.config import Config
-from handler.common.dataset import prepare_dataset, split_indices
-from handler.common.errors import UserError
+from handler.data.cifar_files import FOLDER, read_cifar
+from handler.train.config import Config
+from handler.data.dataset import prepare_dataset, split_indices
+from handler.runtime.errors import UserError
 
 
 def write_by_hand(root, sizes, n_test, classes):
@@ -73,7 +73,7 @@ def test_valid_size_not_below_train_size_is_a_clear_error():
 
 
 def test_auto_falls_back_to_synthetic_loudly_and_never_writes_into_the_real_folder(tmp_path, monkeypatch, capsys):
-    import handler.common.cifar_files as files
+    import handler.data.cifar_files as files
     monkeypatch.setattr(files, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")  # nothing listens
     cfg = prepare_dataset(Config(data=str(tmp_path), dataset="auto", synthetic_train=50, synthetic_test=10))
     assert cfg.dataset == "synthetic"
@@ -83,7 +83,7 @@ def test_auto_falls_back_to_synthetic_loudly_and_never_writes_into_the_real_fold
 
 
 def test_cifar10_offline_without_data_is_a_clear_error(tmp_path, monkeypatch):
-    import handler.common.cifar_files as files
+    import handler.data.cifar_files as files
     monkeypatch.setattr(files, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")
     with pytest.raises(UserError, match="could not be downloaded.*--dataset synthetic"):
         prepare_dataset(Config(data=str(tmp_path / "missing"), dataset="cifar10"))

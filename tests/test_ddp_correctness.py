@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from handler.common.config import Config
-from handler.common.dataset import Splits
-from handler.common.loaders import ShardSampler
+from handler.train.config import Config
+from handler.data.dataset import Splits
+from handler.data.loaders import ShardSampler
 from handler.DDP.cifar10_loader import get_DDP_loader
 from tests.conftest import SLACK, hung
 from tests.dist_workers import TinyNet, all_workers, fixed_batches, train_steps

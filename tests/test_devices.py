@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from handler.common import cuda_build
+from handler.runtime import cuda_build
 from tests.conftest import ROOT, error_lines, run_cli
 
 SMI_HEADER = "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: {cuda}     |"
@@ -50,7 +50,7 @@ def test_gpus_torch_cannot_use_stop_in_one_line_naming_driver_build_and_fix(entr
 
 def test_hidden_gpus_are_the_explicit_way_to_the_cpu(tmp_path):
     env = {**visible(fake_smi(tmp_path / "bin", gpus=8)), "CUDA_VISIBLE_DEVICES": ""}
-    proc = run_cli(["-m", "handler.common.devices"], env=env, cmd=[str(ROOT / ".venv" / "bin" / "python")], timeout=60)
+    proc = run_cli(["-m", "handler.runtime.devices"], env=env, cmd=[str(ROOT / ".venv" / "bin" / "python")], timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr
 
 
@@ -58,7 +58,7 @@ def test_hidden_gpus_are_the_explicit_way_to_the_cpu(tmp_path):
 def test_a_cpu_machine_with_an_nvidia_smi_that_lists_nothing_runs_on_the_cpu(smi, tmp_path):
     # After scripts/install_nsys.sh, Debian's nvidia-smi exists and fails (no driver).
     env = visible(fake_smi(tmp_path / "bin", gpus=0, fails=smi == "debian_without_driver"))
-    proc = run_cli(["-m", "handler.common.devices"], env=env, cmd=[str(ROOT / ".venv" / "bin" / "python")], timeout=60)
+    proc = run_cli(["-m", "handler.runtime.devices"], env=env, cmd=[str(ROOT / ".venv" / "bin" / "python")], timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from handler.common.checkpoint import load_checkpoint
+from handler.train.checkpoint import load_checkpoint
 from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, hung, read_metrics, run_cli
 
 # ~2-3 s per epoch on 2 cores: long enough to hit mid-epoch, short enough to finish.
@@ -205,7 +205,7 @@ def test_elastic_restart_resumes_from_the_last_checkpoint_and_completes(data_roo
 
 KILL_DURING_SAVE = """
 import pathlib, sys, torch
-from handler.common.checkpoint import save_atomic
+from handler.train.checkpoint import save_atomic
 blob = {"format": 1, "model": {"w": torch.randn(4_000_000)}}
 pathlib.Path(sys.argv[2]).touch()  # started: from here on it only saves
 while True:
@@ -240,7 +240,7 @@ def trained_ckpt(two_epoch_run):
 
 def three_class_dataset(root):
     import numpy as np
-    from handler.common.cifar_files import write_cifar
+    from handler.data.cifar_files import write_cifar
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (60, 32, 32, 3), dtype=np.uint8)
     write_cifar(str(root), x, np.arange(60) % 3, x[:9], np.arange(9) % 3, ["a", "b", "c"])

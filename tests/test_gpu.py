@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from handler.common.checkpoint import load_checkpoint
+from handler.train.checkpoint import load_checkpoint
 from tests.conftest import N_TEST, SMALL, read_metrics, run_cli
 
 pytestmark = pytest.mark.gpu
@@ -90,7 +90,7 @@ def test_a_training_step_never_synchronises_the_gpu():
     # Defect 7: a host value turned into a CUDA tensor every step blocked the CPU.
     from contextlib import nullcontext
 
-    from handler.common.loop import Step, _optimise
+    from handler.train.loop import Step, _optimise
     from models import build_model
     device = torch.device("cuda:0")
     model = build_model("resnet20", 10).to(device)

@@ -128,7 +128,7 @@ def test_table_and_json_hold_one_row_per_check_naming_the_machine(tmp_path):
 @pytest.mark.parametrize("outcomes, dali, code", [({}, True, 0), ({"fsdp": "exit 1"}, True, 1), ({}, False, 0)])
 def test_exit_status_is_non_zero_on_any_failure_and_missing_dali_is_loud(outcomes, dali, code, tmp_path,
                                                                         monkeypatch, capsys):
-    import handler.common.devices as devices
+    import handler.runtime.devices as devices
     monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
     monkeypatch.setattr(gpu_check, "environment", lambda: ENV)
     monkeypatch.setattr(gpu_check, "Runner", lambda python, out: fake_runner(outcomes))
@@ -170,7 +170,7 @@ def test_the_tests_it_leaves_out_are_the_ones_its_own_checks_repeat():
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_every_planned_run_is_a_valid_command_line_on_that_many_gpus(gpus, tmp_path):
     # The runs cannot start here, but their options pass train_cifar.py's own validation.
-    from handler.common.config import parse_config
+    from handler.modes import parse_config
     runner = gpu_check.Runner(sys.executable, tmp_path)
     for check in gpu_check.plan(gpus, dali=True, nsys=True, pytest_ok=True):
         if check.kind in ("train", "resume", "sigterm"):

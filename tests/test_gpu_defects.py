@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from handler.common.checkpoint import load_checkpoint, make_checkpoint, save_atomic, set_rng_state
-from handler.common.config import parse_config
-from handler.common.divergence import DivergenceGuard
-from handler.common.errors import UserError
-from handler.common.loop import Step, train_epoch
-from handler.common.model_options import checkpoint_stages
+from handler.train.checkpoint import load_checkpoint, make_checkpoint, save_atomic, set_rng_state
+from handler.modes import parse_config
+from handler.train.divergence import DivergenceGuard
+from handler.runtime.errors import UserError
+from handler.train.loop import Step, train_epoch
+from handler.train.model_options import checkpoint_stages
 from handler.DP.precision import AutocastInside
 from models import build_model
 

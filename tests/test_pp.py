@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from handler.common.config import parse_config
-from handler.common.errors import UserError
+from handler.modes import parse_config
+from handler.runtime.errors import UserError
 from handler.profiling.bubble import theoretical_bubble
 from handler.PP.stages import balanced_split, describe, unit_params
 from tests.conftest import ROOT, read_metrics, run_cli

@@ -3,7 +3,7 @@ import torch
 import torch.distributed as dist
 from torch.cuda import nvtx as cuda_nvtx
 
-import handler.common.nvtx as harness_nvtx
+import handler.runtime.nvtx as harness_nvtx
 from handler.DDP.model import model_to_DDP
 
 

@@ -7,7 +7,7 @@ from handler.compare.cells import Cell, Variant
 from handler.compare.plots import write_plots
 from handler.compare.results import build_rows
 from handler.compare.runner import Outcome, cell_environment, reproduce_line
-from handler.common.errors import UserError
+from handler.runtime.errors import UserError
 
 GPU_SUMMARY = {"overall": {"phase_shares": {"data": 0.01, "h2d": 0.0, "forward": 0.2, "backward": 0.3,
                                             "optimizer": 0.05},

@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from handler.common import cpu_precision
-from handler.common.divergence import Diverged, DivergenceGuard
+from handler.runtime import cpu_precision
+from handler.train.divergence import Diverged, DivergenceGuard
 from tests.conftest import SMALL, error_lines, read_metrics, run_cli
 
 COMMON = ["--epochs", 1, "--batch-size", 64, "--valid-size", 0, *SMALL]

@@ -2,7 +2,7 @@
 import pytest
 
 from tests.conftest import N_TEST, PROCESSES, read_metrics
-from handler.common.phases import LOOP_PHASES
+from handler.runtime.phases import LOOP_PHASES
 
 EPOCH_KEYS = {"epoch", "time_s", "train_samples", "train_loss", "train_acc", "images_per_s",
               "data_wait_s", "val_loss", "val_acc", "val_samples"}

@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 
-from ..common.config import DALI_SOURCES as SOURCES
-from ..common.errors import UserError
-from ..common.loaders import Loaders
+from ..train.config import DALI_SOURCES as SOURCES
+from ..runtime.errors import UserError
+from ..data.loaders import Loaders
 from .derived import FORMATS, derived_files
 
 DEFAULT_SOURCE = "memory"  # the fastest measured on CPU, see docs/DALI.md

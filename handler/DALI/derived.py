@@ -15,7 +15,7 @@ from typing import List
 import numpy as np
 from PIL import Image
 
-from ..common import rank0
+from ..runtime import rank0
 
 FORMATS = {"raw": ".raw", "jpeg": ".jpg"}
 JPEG_QUALITY = 95

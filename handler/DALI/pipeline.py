@@ -1,4 +1,4 @@
-"""The DALI pipeline mirroring handler/common/augment.py, and its torch-facing loader.
+"""The DALI pipeline mirroring handler/data/augment.py, and its torch-facing loader.
 
 Imports DALI at the top: reach it through cifar10_loader, which checks DALI first.
 """
@@ -8,8 +8,8 @@ import numpy as np
 from nvidia.dali import Pipeline, fn, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-from ..common.augment import MEAN, PAD, STD
-from ..common.nvtx import nvtx_range
+from ..data.augment import MEAN, PAD, STD
+from ..runtime.nvtx import nvtx_range
 
 SIZE = 32
 READER = "Reader"

@@ -5,8 +5,8 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from ..common.augment import eval_transform, train_transform
-from ..common.loaders import ArrayDataset, DeviceLoader, Loaders, ShardSampler, seed_worker
+from ..data.augment import eval_transform, train_transform
+from ..data.loaders import ArrayDataset, DeviceLoader, Loaders, ShardSampler, seed_worker
 
 
 def get_DDP_loader(cfg, splits) -> Loaders:

@@ -8,7 +8,7 @@ is read from the NCCL kernels instead (handler/profiling/comm.py).
 """
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from handler.common import nvtx
+from handler.runtime import nvtx
 
 
 def nvtx_allreduce_hook(process_group, bucket):

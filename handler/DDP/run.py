@@ -2,11 +2,11 @@
 import dataclasses
 import os
 
-from ..common import dist, rank0
-from ..common.config import validate
-from ..common.dataset import data_lock, prepare_dataset
-from ..common.errors import one_line_errors
-from ..common.trainer import fit
+from ..runtime import dist, rank0
+from ..modes import validate
+from ..data.dataset import data_lock, prepare_dataset
+from ..runtime.errors import one_line_errors
+from ..train.trainer import fit
 from .utils import destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, run_process
 
 

@@ -14,9 +14,9 @@ import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
 
-from ..common import dist
-from ..common.devices import cuda_status
-from ..common.errors import UserError
+from ..runtime import dist
+from ..runtime.devices import cuda_status
+from ..runtime.errors import UserError
 
 GRACE_S = 5  # after a rank fails, how long the others get to exit before SIGTERM/SIGKILL
 

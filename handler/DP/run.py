@@ -5,10 +5,10 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..common import rank0
-from ..common.model_options import cross_entropy
-from ..common.strategy import Strategy
-from ..common.trainer import autocast_for, fit
+from ..runtime import rank0
+from ..train.model_options import cross_entropy
+from ..train.strategy import Strategy
+from ..train.trainer import autocast_for, fit
 from ..DDP.cifar10_loader import get_DDP_loader
 from .balanced import LossInside, replica_cross_entropy
 from .precision import AutocastInside

@@ -11,7 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..common.errors import UserError
+from ..runtime.errors import UserError
 
 PREFIX = "shards-"
 

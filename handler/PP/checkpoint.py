@@ -6,8 +6,8 @@ import torch
 import torch.distributed as tdist
 
 from models import build_model
-from ..common import dist
-from ..common.errors import UserError
+from ..runtime import dist
+from ..runtime.errors import UserError
 
 
 def _full_index(model_name: str) -> dict:

@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ..common import rank0
-from ..common.augment import eval_transform, train_transform
-from ..common.loaders import ArrayDataset, DeviceLoader, Loaders, ShardSampler, seed_worker
+from ..runtime import rank0
+from ..data.augment import eval_transform, train_transform
+from ..data.loaders import ArrayDataset, DeviceLoader, Loaders, ShardSampler, seed_worker
 
 
 class _Labels(Dataset):

@@ -14,9 +14,9 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from ..common.errors import UserError
-from ..common.nvtx import nvtx_range
-from ..common.phases import no_timer
+from ..runtime.errors import UserError
+from ..runtime.nvtx import nvtx_range
+from ..runtime.phases import no_timer
 from .stages import StageModule, balanced_split, boundary_shapes, describe, prune, unit_params
 
 try:

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from ..common.loop import _summarise, update
-from ..common.nvtx import nvtx_range
-from ..common.phases import no_timer
+from ..train.loop import _summarise, update
+from ..runtime.nvtx import nvtx_range
+from ..runtime.phases import no_timer
 
 
 def pipeline_step(step, images, labels, timer=no_timer) -> torch.Tensor:

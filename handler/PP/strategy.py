@@ -1,7 +1,7 @@
 """--mode pp as a Strategy for the shared loop: its wrap, loaders, step, evaluation, state."""
 from functools import partial
 
-from ..common.strategy import Strategy
+from ..train.strategy import Strategy
 from .checkpoint import PipelineState
 from .loader import get_PP_loader
 from .schedule import model_to_pipeline, require_pipelining

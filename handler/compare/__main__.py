@@ -24,9 +24,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..common.config import MODES
-from ..common.devices import cuda_status
-from ..common.errors import UserError, one_line_errors
+from ..modes import MODES
+from ..runtime.devices import cuda_status
+from ..runtime.errors import UserError, one_line_errors
 from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason
 from .plots import write_plots
 from .provenance import provenance

@@ -7,7 +7,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..common.errors import UserError
+from ..runtime.errors import UserError
 
 # The runner sets these per cell; a user's copy would silently break the matrix.
 RESERVED = ("--mode", "--num_gpu", "--num-gpu", "--metrics")

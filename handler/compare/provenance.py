@@ -33,7 +33,7 @@ def memory_gib() -> float | None:
 
 
 def gpus() -> list:
-    from ..common.devices import cuda_status
+    from ..runtime.devices import cuda_status
     import torch
     return [torch.cuda.get_device_name(i) for i in range(cuda_status()[0])]
 
@@ -45,7 +45,7 @@ def hardware() -> dict:
 def versions() -> dict:
     import torch
     import torchvision
-    from ..common.metrics import _dali_version
+    from ..train.metrics import _dali_version
     from ..profiling.nsys import nsys_version
     return {"python": platform.python_version(), "torch": torch.__version__,
             "torchvision": torchvision.__version__, "dali": _dali_version(), "nsys": nsys_version()}

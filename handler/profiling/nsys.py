@@ -4,7 +4,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from handler.common.errors import UserError
+from handler.runtime.errors import UserError
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")  # .qdrep: nsys before 2021.4
 INSTALL_HINT = "install it with scripts/install_nsys.sh (or from https://developer.nvidia.com/nsight-systems)"

@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from handler.common.errors import UserError, one_line_errors
+from handler.runtime.errors import UserError, one_line_errors
 
 from .analysis import summarize
 from .nsys import nsys_version, sqlite_export

@@ -11,7 +11,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from handler.common.errors import UserError
+from handler.runtime.errors import UserError
 
 from .gpu_metrics import MetricSample, load_metric_samples
 

@@ -1,10 +1,10 @@
 """Which torch and DALI builds match this machine's NVIDIA driver.
 
 Standard library only: scripts/setup.sh runs it with the system python3 before any
-virtual environment exists, and handler/common/devices.py uses it to name the fix when
+virtual environment exists, and handler/runtime/devices.py uses it to name the fix when
 torch cannot use the machine's GPUs.
 
-    python3 handler/common/cuda_build.py    # prints TORCH_INDEX_URL=..., TORCH_PINS=..., DALI_PACKAGE=..., REASON=...
+    python3 handler/runtime/cuda_build.py    # prints TORCH_INDEX_URL=..., TORCH_PINS=..., DALI_PACKAGE=..., REASON=...
 """
 import os
 import re

@@ -7,11 +7,11 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
-from .errors import UserError
+from ..runtime.errors import UserError, need
+from .mode import Mode
 
-MODES = ("dp", "ddp", "ddp_dali", "fsdp", "pp")
 PP_SCHEDULES = ("gpipe", "1f1b")  # --mode pp; handler/PP/schedule.py
 DALI_SOURCES = ("memory", "raw", "jpeg")  # what --mode ddp_dali reads; handler/DALI/cifar10_loader.py
 CPU_DEFAULT_PROCS = 2
@@ -90,11 +90,11 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modes) -> argparse.ArgumentParser:
     d = Config()
     p = _Parser(prog="train_cifar.py",
                 description="Train a CNN on CIFAR-10 with DataParallel, DDP or DDP+DALI.")
-    p.add_argument("--mode", choices=MODES, default=d.mode, help="parallel strategy")
+    p.add_argument("--mode", choices=modes, default=d.mode, help="parallel strategy")
     p.add_argument("--num_gpu", "--num-gpu", dest="num_gpu", type=int, default=None,
                    help="devices / worker processes (default: all visible GPUs; "
                         f"without GPUs, {CPU_DEFAULT_PROCS} CPU processes for DDP modes)")
@@ -162,13 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_config(argv=None, *, cuda_count: Optional[int] = None) -> Config:
-    """Parse and validate the command line into a Config with num_gpu resolved."""
-    ns = build_parser().parse_args(argv)
+def parse_config(argv, modes: Mapping[str, Mode], *, cuda_count: Optional[int] = None) -> Config:
+    """Parse and validate the command line into a Config with num_gpu resolved; modes are
+    handler/modes.py's, by name."""
+    ns = build_parser(tuple(modes)).parse_args(argv)
     fields = {f.name for f in dataclasses.fields(Config)}
     values = {k: v for k, v in vars(ns).items() if k in fields and v is not None}
     if cuda_count is None:
-        from .devices import cuda_status
+        from ..runtime.devices import cuda_status
         cuda_count = cuda_status()[0]
     values["use_cuda"] = cuda_count > 0
     values["num_gpu"] = _resolve_num_gpu(ns.num_gpu, ns.mode, cuda_count)
@@ -177,7 +178,7 @@ def parse_config(argv=None, *, cuda_count: Optional[int] = None) -> Config:
     if not values["metrics"]:
         values["metrics"] = os.path.join(ns.ckpt, "metrics.json")
     cfg = Config(**values)
-    validate(cfg)
+    validate(cfg, modes)
     return cfg
 
 
@@ -194,12 +195,10 @@ def _resolve_num_gpu(requested: Optional[int], mode: str, cuda_count: int) -> in
     return requested or CPU_DEFAULT_PROCS
 
 
-def validate(cfg: Config) -> None:
-    """Check everything that can be checked before any process starts."""
-    def need(ok, message):
-        if not ok:
-            raise UserError(message)
-
+def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
+    """Check everything that can be checked before any process starts; the mode's own
+    rules (modes[cfg.mode].check) come last."""
+    mode = modes[cfg.mode]
     need(cfg.epochs >= 1, f"--epochs {cfg.epochs}: train for at least 1 epoch")
     need(cfg.stop_after >= 0, f"--stop-after {cfg.stop_after}: use 0 (off) or a positive epoch count")
     need(cfg.batch_size >= 1, f"--batch-size {cfg.batch_size}: use a positive batch size")
@@ -219,9 +218,9 @@ def validate(cfg: Config) -> None:
     need(cfg.accum_steps >= 1 and cfg.local_batch % cfg.accum_steps == 0,
          f"--accum-steps {cfg.accum_steps} must divide the per-process batch {cfg.local_batch}")
     need(cfg.amp != "fp16" or cfg.use_cuda, "--amp fp16 needs a GPU; use --amp bf16 on CPU")
-    need(not cfg.sync_bn or cfg.mode in ("ddp", "ddp_dali"),
-         f"--sync-bn synchronises BatchNorm across DDP ranks; use it with --mode ddp or ddp_dali, not {cfg.mode}"
-         + (" (FSDP shards the BatchNorm layers it would synchronise)" if cfg.mode == "fsdp" else ""))
+    need(not cfg.sync_bn or mode.sync_bn,
+         f"--sync-bn synchronises BatchNorm across DDP ranks; use it with --mode "
+         f"{' or '.join(name for name, m in modes.items() if m.sync_bn)}, not {cfg.mode}" + mode.sync_bn_refusal)
     need(not cfg.sync_bn or cfg.use_cuda,
          "--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only; drop --sync-bn on CPU")
     need(not cfg.dp_balanced or cfg.mode == "dp", "--dp-balanced changes DataParallel; use it with --mode dp")
@@ -233,25 +232,4 @@ def validate(cfg: Config) -> None:
     from models import MODELS
     need(cfg.model in MODELS, f"--model {cfg.model!r} is unknown; choose one of: "
                               f"{', '.join(sorted(MODELS))}")
-    if cfg.mode == "pp":
-        _validate_pipeline(cfg, need, len(MODELS[cfg.model]().stages))
-
-
-def _validate_pipeline(cfg: Config, need, stages: int) -> None:
-    """--mode pp: W stages of the model, each on its own process, M micro-batches per batch."""
-    w, m = cfg.world_size, cfg.microbatches
-    need(m >= 1, f"--microbatches {m}: use 1 or more")
-    need(cfg.batch_size % m == 0, f"--batch-size {cfg.batch_size} does not split into --microbatches {m} "
-                                  f"equal micro-batches; use a multiple of {m}")
-    need(cfg.batch_size // m >= 2, f"--batch-size {cfg.batch_size} in {m} micro-batches gives "
-                                   f"{cfg.batch_size // m} image each; BatchNorm needs at least 2")
-    need(w <= stages, f"--num_gpu {w} pipeline stages but {cfg.model} has {stages} stages to split; "
-                      f"use --num_gpu 1..{stages}")
-    need(cfg.pp_schedule != "1f1b" or m >= w, f"--pp-schedule 1f1b needs at least one micro-batch per "
-                                              f"stage: use --microbatches {w} or more, or --pp-schedule gpipe")
-    need(cfg.accum_steps == 1, "--accum-steps with --mode pp: the pipeline already accumulates its "
-                               "micro-batches; use --microbatches instead")
-    need(cfg.amp != "fp16", "--amp fp16 with --mode pp: the schedule runs backward itself, so GradScaler "
-                            "cannot scale its loss; use --amp bf16")
-    need(not cfg.dali_source, "--dali-source chooses --mode ddp_dali's input; --mode pp reads with "
-                              "torch DataLoaders: drop --dali-source")
+    mode.check(cfg)

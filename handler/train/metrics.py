@@ -6,11 +6,11 @@ import platform
 
 import torch
 
-from . import cpu_memory
+from ..runtime import cpu_memory
 
 def environment(cfg, notes) -> dict:
     import torchvision
-    from .devices import cuda_status
+    from ..runtime.devices import cuda_status
     notes = [n for n in (cuda_status()[1], os.environ.get("HARNESS_PROFILE_NOTE"), *notes) if n]
     gpus = ([torch.cuda.get_device_name(i) for i in range(cfg.num_gpu)] if cfg.use_cuda else [])
     return {"mode": cfg.mode, "world_size": cfg.world_size, "backend": cfg.backend,

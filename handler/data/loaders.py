@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
-from .nvtx import nvtx_range
+from ..runtime.nvtx import nvtx_range
 
 
 class Loaders(NamedTuple):

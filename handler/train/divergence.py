@@ -6,8 +6,8 @@ rank whose loss went NaN stops every rank at the same step and nothing is writte
 """
 import torch
 
-from . import dist
-from .errors import UserError
+from ..runtime import dist
+from ..runtime.errors import UserError
 
 CHECK_EVERY = 50
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import dist
+from ..runtime import dist
 from .model_options import cross_entropy
-from .nvtx import nvtx_range
-from .phases import PhaseTimer, no_timer
+from ..runtime.nvtx import nvtx_range
+from ..runtime.phases import PhaseTimer, no_timer
 
 
 def sync(device: torch.device) -> None:

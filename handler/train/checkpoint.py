@@ -5,7 +5,7 @@ import random
 import numpy as np
 import torch
 
-from .errors import UserError
+from ..runtime.errors import UserError
 
 FORMAT = 1
 

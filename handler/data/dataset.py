@@ -8,9 +8,9 @@ from typing import List, Tuple
 
 import numpy as np
 
-from . import rank0
+from ..runtime import rank0
 from .cifar_files import CifarArrays, download_cifar, has_layout, read_cifar
-from .errors import UserError
+from ..runtime.errors import UserError
 from .synthetic import write_synthetic
 
 Arrays = Tuple[np.ndarray, np.ndarray]  # (uint8 NHWC images, int64 labels)

@@ -10,7 +10,7 @@ from typing import List
 
 import numpy as np
 
-from .errors import UserError
+from ..runtime.errors import UserError
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))

@@ -6,8 +6,8 @@ import socket
 import tempfile
 
 from .checkpoint import load_checkpoint
-from .dataset import load_splits, prepare_dataset
-from .errors import UserError
+from ..data.dataset import load_splits, prepare_dataset
+from ..runtime.errors import UserError
 
 
 def _writable_dir(path: str, flag: str) -> None:
@@ -53,16 +53,15 @@ def _earlier_run(cfg, restarted: bool) -> None:
                     "choose another --ckpt, or pass --overwrite to replace it")
 
 
-def preflight(cfg, *, spawning: bool, restarted: bool = False):
-    """Validate the environment; when this process will spawn the ranks, also fetch the
-    data (rank 0's job) and pick the rendezvous port. Returns the resolved config."""
+def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
+    """Validate the environment, with the mode's own checks (mode.preflight); when this
+    process will spawn the ranks, also fetch the data (rank 0's job) and pick the
+    rendezvous port. Returns the resolved config."""
     if cfg.save != "none":
         _writable_dir(cfg.ckpt, "--ckpt")
         _earlier_run(cfg, restarted)
     _writable_dir(os.path.dirname(os.path.abspath(cfg.metrics)), "--metrics")
-    if cfg.mode == "ddp_dali":
-        from ..DALI.cifar10_loader import require_dali
-        require_dali()
+    mode.preflight(cfg)
     ckpt = None
     if cfg.resume is not None:
         from .trainer import check_compatible, resume_path

@@ -7,6 +7,12 @@ class UserError(Exception):
     """A problem the user can fix. The message says what is wrong and what to do."""
 
 
+def need(ok, message: str) -> None:
+    """An option rule: when ok is false, stop with message (the problem and its fix)."""
+    if not ok:
+        raise UserError(message)
+
+
 @contextmanager
 def one_line_errors(prefix: str = "error"):
     """Turn UserError (and Ctrl-C) into one line on stderr and a non-zero exit; a graceful

@@ -1,6 +1,6 @@
 """What accelerators this process can use, asked once; the one place that counts GPUs.
 
-`python -m handler.common.devices` prints the usable GPU count for scripts/launch.sh (so
+`python -m handler.runtime.devices` prints the usable GPU count for scripts/launch.sh (so
 the shell never counts with nvidia-smi, which ignores CUDA_VISIBLE_DEVICES), or stops
 in one line when the machine has GPUs that this torch build cannot use.
 """

@@ -12,19 +12,19 @@ from functools import partial
 import torch
 
 from models import build_model
-from . import dist, rank0
+from ..runtime import dist, rank0
 from .checkpoint import load_checkpoint, make_checkpoint, save_atomic, set_rng_state
-from .cpu_memory import keep_freed_memory
-from .cpu_precision import bf16_note
-from .dataset import load_splits
+from ..runtime.cpu_memory import keep_freed_memory
+from ..runtime.cpu_precision import bf16_note
+from ..data.dataset import load_splits
 from .divergence import Diverged, DivergenceGuard, parameters_finite
-from .errors import UserError
+from ..runtime.errors import UserError
 from .loop import Step, evaluate, train_epoch
 from .metrics import MetricsFile, environment
 from .model_options import checkpoint_stages
 from .strategy import Strategy
-from .nvtx import nvtx_mark, nvtx_range
-from .stopping import StopFlag, StopRequested
+from ..runtime.nvtx import nvtx_mark, nvtx_range
+from ..runtime.stopping import StopFlag, StopRequested
 
 WARMUP_EPOCHS = 1
 

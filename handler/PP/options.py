@@ -1,0 +1,24 @@
+"""--mode pp's option rules, checked with the shared ones before any process starts."""
+from ..runtime.errors import need
+
+
+def check_options(cfg) -> None:
+    """W stages of the model, each on its own process, M micro-batches per batch."""
+    from models import MODELS
+    stages = len(MODELS[cfg.model]().stages)
+    w, m = cfg.world_size, cfg.microbatches
+    need(m >= 1, f"--microbatches {m}: use 1 or more")
+    need(cfg.batch_size % m == 0, f"--batch-size {cfg.batch_size} does not split into --microbatches {m} "
+                                  f"equal micro-batches; use a multiple of {m}")
+    need(cfg.batch_size // m >= 2, f"--batch-size {cfg.batch_size} in {m} micro-batches gives "
+                                   f"{cfg.batch_size // m} image each; BatchNorm needs at least 2")
+    need(w <= stages, f"--num_gpu {w} pipeline stages but {cfg.model} has {stages} stages to split; "
+                      f"use --num_gpu 1..{stages}")
+    need(cfg.pp_schedule != "1f1b" or m >= w, f"--pp-schedule 1f1b needs at least one micro-batch per "
+                                              f"stage: use --microbatches {w} or more, or --pp-schedule gpipe")
+    need(cfg.accum_steps == 1, "--accum-steps with --mode pp: the pipeline already accumulates its "
+                               "micro-batches; use --microbatches instead")
+    need(cfg.amp != "fp16", "--amp fp16 with --mode pp: the schedule runs backward itself, so GradScaler "
+                            "cannot scale its loss; use --amp bf16")
+    need(not cfg.dali_source, "--dali-source chooses --mode ddp_dali's input; --mode pp reads with "
+                              "torch DataLoaders: drop --dali-source")

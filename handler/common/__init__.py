@@ -1,1 +1,0 @@
-"""Pieces every mode shares: config, data, the training loop, checkpoints, metrics."""

@@ -1,0 +1,18 @@
+"""What a mode tells the harness before training: its option rules, its start-up checks,
+the options it refuses, and its entry. Each mode's package defines one in its mode.py;
+handler/modes.py names them, one line each, so shared code never imports a mode."""
+from dataclasses import dataclass
+from typing import Callable
+
+
+def _nothing(cfg) -> None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mode:
+    run: Callable                   # cfg -> None: start (or join) the processes and train
+    check: Callable = _nothing      # cfg -> None: the mode's own option rules (UserError); validate runs it last
+    preflight: Callable = _nothing  # cfg -> None: what the environment must have (an installed library)
+    sync_bn: bool = False           # accepts --sync-bn (SyncBatchNorm across DDP ranks)
+    sync_bn_refusal: str = ""       # the mode's own reason, added to the --sync-bn refusal
