@@ -93,7 +93,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(modes) -> argparse.ArgumentParser:
     d = Config()
     p = _Parser(prog="train_cifar.py",
-                description="Train a CNN on CIFAR-10 with DataParallel, DDP or DDP+DALI.")
+                description="Train a CNN on CIFAR-10 with DataParallel, DDP, DDP+DALI, FSDP or a pipeline.")
     p.add_argument("--mode", choices=modes, default=d.mode, help="parallel strategy")
     p.add_argument("--num_gpu", "--num-gpu", dest="num_gpu", type=int, default=None,
                    help="devices / worker processes (default: all visible GPUs; "
