@@ -1,0 +1,141 @@
+"""The repository's shape stays what the README says: every folder listed, shared code
+free of mode imports, no package over 15 modules, every relative link in the docs alive."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+SHARED = ("handler/runtime", "handler/data", "handler/train", "handler/profiling", "handler/compare")
+MODE_IMPORT = re.compile(r"^\s*(from|import)\s+(\.\.|handler\.)(DALI|DDP|FSDP|PP|DP)\b", re.M)
+PACKAGE_ROOTS = ("handler", "bench", "models", "tests")
+MAX_MODULES = 15
+# The limit is for rooms of code; the suite stays one flat pytest folder (tests import each
+# other as tests.X and start tests.dist_workers by name), which the limit would split.
+COUNT_EXEMPT = {"tests"}
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def section(markdown: str, title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", markdown, re.M | re.S)
+    assert match, f"README.md has no '## {title}' section"
+    return match.group(1)
+
+
+def listed_folders() -> set:
+    """The folders the README's layout section names at the start of a line."""
+    text = section((ROOT / "README.md").read_text(), "Repository layout")
+    return {m.group(1).rstrip("/") for m in re.finditer(r"^(\.?[\w./-]+/)\s", text, re.M)}
+
+
+def package_folders() -> set:
+    return {str(init.parent.relative_to(ROOT)) for base in PACKAGE_ROOTS
+            for init in (ROOT / base).rglob("__init__.py")
+            if "__pycache__" not in init.parts and ".venv" not in init.parts}
+
+
+def tracked_top_folders() -> set:
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked top-level folders are unknown")
+    return {path.split("/")[0] for path in out.splitlines() if "/" in path}
+
+
+def test_the_layout_section_lists_every_package_and_top_level_folder():
+    missing = (package_folders() | tracked_top_folders()) - listed_folders()
+    assert not missing, f"add to README.md's 'Repository layout': {sorted(missing)}"
+
+
+def test_the_layout_section_names_only_folders_that_exist():
+    gone = {folder for folder in listed_folders() if not (ROOT / folder).is_dir()}
+    assert not gone, f"README.md's 'Repository layout' lists folders that do not exist: {sorted(gone)}"
+
+
+def test_the_package_finder_sees_the_shared_rooms_and_every_mode():
+    # guards the two tests above against a finder that silently finds nothing
+    assert {"handler/runtime", "handler/data", "handler/train", "handler/DDP", "handler/PP",
+            "bench", "models", "tests"} <= package_folders()
+
+
+def test_no_shared_module_imports_a_mode_package():
+    offenders = [f"{path.relative_to(ROOT)}: {m.group(0).strip()}"
+                 for folder in SHARED for path in sorted((ROOT / folder).rglob("*.py"))
+                 for m in MODE_IMPORT.finditer(path.read_text())]
+    assert not offenders, "shared code imports a mode; let the mode contribute it through its " \
+                          f"Mode or Strategy instead: {offenders}"
+
+
+def test_the_mode_import_pattern_catches_both_spellings():
+    assert MODE_IMPORT.search("    from ..DALI.cifar10_loader import require_dali")
+    assert MODE_IMPORT.search("import handler.PP.options")
+    assert not MODE_IMPORT.search("from ..data.loaders import Loaders")
+
+
+def test_no_package_holds_more_than_fifteen_modules():
+    crowded = {folder: n for folder in package_folders() - COUNT_EXEMPT
+               if (n := sum(1 for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py")) > MAX_MODULES}
+    assert not crowded, f"split these packages (at most {MAX_MODULES} modules each): {crowded}"
+
+
+def test_every_package_says_what_lives_there():
+    bare = sorted(folder for folder in package_folders() if folder.startswith("handler/")
+                  and not (ROOT / folder / "__init__.py").read_text().lstrip().startswith('"""'))
+    assert not bare, f"give these packages a docstring in __init__.py: {bare}"
+
+
+def anchors(markdown: str) -> set:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens, -N for repeats."""
+    seen, out, fenced = {}, set(), False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = not fenced and re.match(r"^#{1,6} (.*)", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def broken_links(page: Path) -> list:
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+            broken.append(f"{target} (no such heading)")
+    return broken
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = {str(page.relative_to(ROOT)): links for page in pages if (links := broken_links(page))}
+    assert not broken, f"fix these links: {broken}"
+
+
+def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "other.md").write_text("# Title\n\n## Pipeline parallelism (`pp`)\n")
+    page = tmp_path / "page.md"
+    page.write_text("[a](other.md#pipeline-parallelism-pp) [b](gone.md) [c](other.md#nowhere) "
+                    "[d](https://example.org/x)\n")
+    assert broken_links(page) == ["gone.md (no such file)", "other.md#nowhere (no such heading)"]
+
+
+def test_the_readme_is_a_front_page_of_at_most_250_lines():
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= 250, f"README.md has {lines} lines; move detail into docs/"
+
+
+def test_the_entry_point_docstring_names_every_mode():
+    from handler.modes import MODES
+    doc = (ROOT / "train_cifar.py").read_text().split('"""')[1]
+    assert all(f"({mode})" in doc for mode in MODES), doc
