@@ -25,7 +25,7 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
         rank["pipeline"] = stage
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,
                "ranks": ranks, "overall": _overall(ranks)}
-    summary["gpu_metrics_mapping"] = _mapping(trace) if trace.metrics else None
+    summary["gpu_metrics_mapping"] = _mapping(trace, ranks) if trace.metrics else None
     summary["stragglers"] = stragglers({p.rank: _first_comm(p, trace.gpu) for p in trace.processes})
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     return summary
@@ -42,9 +42,7 @@ def _rank(process: Process, trace: Trace) -> dict:
     activity = [a for a in gpu if a.pid == process.pid] if gpu is not None else None
     gpu_view = gpu_stats(activity, [r for rs in phase_ranges.values() for r in rs], PHASES,
                          [r for _, r in epochs], batches[0].tid if batches else None, batches,
-                         pipeline_threads(process.ranges, {t: n for t, n in trace.thread_names.items()
-                                                           if (t >> 24) & 0xFFFFFF == process.pid})
-                         ) if gpu is not None else None
+                         pipeline_threads(process, trace.thread_names)) if gpu is not None else None
     gpus = device_map(process.pid, gpu_view["devices"] if gpu_view else (), trace.cuda_devices)
     return {
         "rank": process.rank, "pid": process.pid,
@@ -63,10 +61,13 @@ def _rank(process: Process, trace: Trace) -> dict:
     }
 
 
-def _mapping(trace: Trace) -> str:
+def _mapping(trace: Trace, ranks: list[dict]) -> str:
     """How GPU metrics (keyed by nsys' GPU id) were matched to a rank's CUDA devices."""
     if trace.cuda_devices is not None:
-        return "TARGET_INFO_CUDA_DEVICE"
+        missing = [f"rank {r['rank']} CUDA device {cuda}" for r in ranks
+                   for cuda, gpu in r["gpu_metrics_gpus"].items() if gpu is None]
+        return "TARGET_INFO_CUDA_DEVICE" + (f"; it lists no GPU for {', '.join(missing)}, whose metrics are "
+                                            "left out" if missing else "")
     return ("assumed: this export has no TARGET_INFO_CUDA_DEVICE (older nsys, e.g. 2022.2), so a rank's CUDA "
             "device n is taken to be GPU n; wrong where CUDA_VISIBLE_DEVICES hid or reordered GPUs")
 

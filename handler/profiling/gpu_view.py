@@ -55,10 +55,11 @@ def _parents(ranges) -> list[int]:
     return parents
 
 
-def pipeline_threads(ranges, thread_names: dict) -> set[int]:
-    """Threads of the input pipeline: named `[DALI]...` by DALI, or opening DALI's `[DALI]...` ranges."""
-    named = {tid for tid, names in thread_names.items() if any(n.startswith(DALI_MARK) for n in names)}
-    return named | {r.tid for r in ranges if r.name.startswith(DALI_MARK)}
+def pipeline_threads(process, thread_names: dict) -> set[int]:
+    """The process's input-pipeline threads: named `[DALI]...` by DALI, or opening DALI's `[DALI]...` ranges."""
+    named = {tid for tid, names in thread_names.items()
+             if (tid >> 24) & 0xFFFFFF == process.pid and any(n.startswith(DALI_MARK) for n in names)}
+    return named | {r.tid for r in process.ranges if r.name.startswith(DALI_MARK)}
 
 
 def is_pipeline_kernel(activity) -> bool:
