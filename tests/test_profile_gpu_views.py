@@ -12,10 +12,11 @@ import sqlite3
 
 import pytest
 
-from handler.profiling.analysis import summarize
+from handler.profiling.analysis import PHASES, summarize
+from handler.profiling.gpu_view import gpu_stats, pipeline_threads
 from handler.profiling.render import markdown, one_line
-from handler.profiling.trace import load_trace
-from tests.nsys_helpers import REAL_EXPORTS, with_training_ranges
+from handler.profiling.trace import GpuActivity, load_trace
+from tests.nsys_helpers import REAL_EXPORTS, REPO, with_training_ranges
 from tests.test_profile_gpu import BASE_TABLES, MS, PID, Bitmap, rank_of
 
 RUNTIME, KERNEL, MEMCPY = "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -365,3 +366,31 @@ def test_report_shows_data_gpu_beside_data_stall(dali_export):
     page = markdown(dali, "dali")
     assert "| data-stall | data (GPU) |" in page
     assert "| data | h2d | forward | backward | optimizer | data (GPU) | unattributed |" in page
+
+
+DALI_CAPTURE = REPO / "tests" / "data" / "nsys" / "ddp_dali_cpu_nsys2022.4.sqlite"  # see its README
+
+
+def test_real_dali_capture_threads_are_recognised_and_the_training_thread_keeps_its_phases():
+    """DALI 2.4 under nsys 2022.4 (a CPU run of ddp_dali): its threads are named `[DALI]...`, and it
+    opens a `[DALI][Executor] PopOutputs` range on the training thread. A launch from a DALI thread
+    during forward is data (GPU); one from the training thread stays forward."""
+    trace = load_trace(DALI_CAPTURE)
+    (process,) = trace.processes
+    with sqlite3.connect(DALI_CAPTURE) as db:
+        named = {t for (t,) in db.execute("SELECT t.globalTid FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId "
+                                          "WHERE s.value LIKE '[DALI]%'")}
+    training = next(r.tid for r in process.ranges if r.name == "batch 0")
+    assert len(named) >= 4 and training not in named
+    assert any(r.name == "[DALI][Executor] PopOutputs" and r.tid == training for r in process.ranges)
+    assert pipeline_threads(process, trace.thread_names) == named | {training}
+    batches = sorted((r for r in process.ranges if r.name.startswith("batch ")), key=lambda r: r.start)
+    phases = [r for r in process.ranges if r.name in PHASES and any(b.start <= r.start < b.end for b in batches)]
+    forward = next(r for r in phases if r.name == "forward")
+    at, worker = (forward.start + forward.end) // 2, min(named)
+    activity = [GpuActivity(process.pid, 0, at, at + 1000, "k", training, at),
+                GpuActivity(process.pid, 0, at, at + 3000, "k", worker, at)]
+    epochs = [r for r in process.ranges if r.name == "epoch 0"]
+    gpu = gpu_stats(activity, phases, PHASES, epochs, training, batches, pipeline_threads(process, trace.thread_names))
+    assert gpu["phase_kernel_s"]["forward"] == pytest.approx(1e-6)
+    assert gpu["phase_kernel_s"]["data_gpu"] == pytest.approx(3e-6)
