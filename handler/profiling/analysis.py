@@ -11,7 +11,7 @@ from .comm import comm_stats, first_comm_starts, stragglers
 from .gpu_metrics import device_map, summarize_metrics
 from .gpu_view import DATA_GPU, gpu_stats, pipeline_threads
 from .stats import percentile as _percentile
-from .trace import EPOCH, GpuActivity, Process, Range, Trace
+from .trace import EPOCH, Process, Range, Trace
 
 PHASES = ("data", "h2d", "forward", "backward", "optimizer")
 GPU_PHASES = (*PHASES, DATA_GPU)  # the GPU view adds the input pipeline's own GPU work

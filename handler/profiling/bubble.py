@@ -115,7 +115,7 @@ def markdown_lines(ranks: list[dict]) -> list[str]:
              "time (waiting in send/recv included); theory is (W-1)/(M+W-1). Source `gpu kernels`: "
              "measured on the GPU from the work each pp range launched (CPU ranges in brackets); "
              "`cpu ranges`: the NVTX ranges themselves, which on a GPU time only the launches.", "",
-             "| rank | stage | source | busy | bubble | theoretical bubble | send/recv |", "|---|---|---|---|---|---|---|"]
+             "| rank | stage | source | busy | bubble | theoretical bubble | send/recv |", "|" + "---|" * 7]
     for r in ranks:
         p = r.get("pipeline")
         if p:

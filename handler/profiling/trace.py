@@ -1,9 +1,9 @@
 """What the analysis needs from an nsys SQLite export: NVTX ranges per process, GPU activity.
 
 Only the documented export tables are read (NVTX_EVENTS, StringIds, CUPTI_ACTIVITY_KIND_*,
-GPU_METRICS, ThreadNames, TARGET_INFO_CUDA_DEVICE); tables and columns an older export lacks are skipped, never guessed. Every
-query orders by start: nsys 2025.6 stopped writing rows in time order. A process is
-identified by the pid packed into nsys' serialized global ids.
+GPU_METRICS, ThreadNames, TARGET_INFO_CUDA_DEVICE); tables and columns an older export lacks
+are skipped, never guessed. Every query orders by start: nsys 2025.6 stopped writing rows in
+time order. A process is identified by the pid packed into nsys' serialized global ids.
 """
 import re
 import sqlite3
