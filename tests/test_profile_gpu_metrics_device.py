@@ -97,3 +97,12 @@ def test_cuda_device_missing_from_the_table_gets_no_metrics_and_the_summary_says
     rank = layout[missing]["rank"]
     assert f"rank {rank} CUDA device {ordinals[missing]}" in summary["gpu_metrics_mapping"]
     assert "**Warning" in markdown(summary, "partial")
+
+
+def test_table_listing_none_of_the_ranks_devices_still_warns_on_the_page(tmp_path):
+    export = tmp_path / "empty.sqlite"
+    with_gpu_metrics(REAL_EXPORTS["2026.2"], export, [])
+    summary = summarize(load_trace(export))
+    assert all(r["gpu_metrics"] == {} for r in summary["ranks"])
+    assert summary["gpu_metrics_mapping"].startswith("TARGET_INFO_CUDA_DEVICE; it lists no GPU for rank 0")
+    assert "**Warning: GPU ids TARGET_INFO_CUDA_DEVICE; it lists no GPU" in markdown(summary, "empty")

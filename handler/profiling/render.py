@@ -135,10 +135,11 @@ METRIC_COLUMNS = ("sm_active_pct", "sm_issue_pct", "warps_in_flight_pct", "dram_
 def _metrics_section(ranks: list[dict], mapping: str | None) -> list[str]:
     rows = [[str(r["rank"]), f"{gpu} ({_cuda_of(r, gpu)})", *(_mean_p95(values.get(k)) for k in METRIC_COLUMNS)]
             for r in ranks for gpu, values in (r.get("gpu_metrics") or {}).items()]
-    if not rows:
+    clean = mapping == "TARGET_INFO_CUDA_DEVICE"
+    if not rows and (clean or mapping is None):
         return []
     note = "GPU is nsys' GPU id, the process's CUDA device in brackets, matched through TARGET_INFO_CUDA_DEVICE."
-    if mapping != "TARGET_INFO_CUDA_DEVICE":
+    if not clean:
         note = f"**Warning: GPU ids {mapping}.**"
     return _section("GPU metrics (mean / p95 inside training epochs)", note,
                     ["rank", "GPU (CUDA device)", *METRIC_COLUMNS], rows)
