@@ -8,28 +8,31 @@ import re
 
 from .bubble import pipeline_stats
 from .comm import comm_stats, first_comm_starts, stragglers
-from .gpu_metrics import summarize_metrics
-from .gpu_view import gpu_stats
+from .gpu_metrics import device_map, summarize_metrics
+from .gpu_view import DATA_GPU, gpu_stats, pipeline_threads
 from .stats import percentile as _percentile
-from .trace import EPOCH, GpuActivity, Process, Range, Trace
+from .trace import EPOCH, Process, Range, Trace
 
 PHASES = ("data", "h2d", "forward", "backward", "optimizer")
+GPU_PHASES = (*PHASES, DATA_GPU)  # the GPU view adds the input pipeline's own GPU work
 OUTSIDE_TRAINING = ("validate", "test", "checkpoint")
 BATCH = re.compile(r"batch \d+")
 
 
 def summarize(trace: Trace, metrics: dict | None = None) -> dict:
-    ranks = [_rank(p, trace.gpu, trace.metrics) for p in trace.processes]
-    for rank, stage in zip(ranks, pipeline_stats(trace.processes)):  # pp runs only; else None
+    ranks = [_rank(p, trace) for p in trace.processes]
+    for rank, stage in zip(ranks, pipeline_stats(trace.processes, trace.gpu)):  # pp runs only; else None
         rank["pipeline"] = stage
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,
                "ranks": ranks, "overall": _overall(ranks)}
+    summary["gpu_metrics_mapping"] = _mapping(trace, ranks) if trace.metrics else None
     summary["stragglers"] = stragglers({p.rank: _first_comm(p, trace.gpu) for p in trace.processes})
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     return summary
 
 
-def _rank(process: Process, gpu: tuple[GpuActivity, ...] | None, metrics) -> dict:
+def _rank(process: Process, trace: Trace) -> dict:
+    gpu, metrics = trace.gpu, trace.metrics
     epochs = sorted((int(EPOCH.fullmatch(r.name).group(1)), r) for r in process.ranges
                     if EPOCH.fullmatch(r.name))
     batches = sorted((r for r in process.ranges if BATCH.fullmatch(r.name)), key=lambda r: r.start)
@@ -38,7 +41,9 @@ def _rank(process: Process, gpu: tuple[GpuActivity, ...] | None, metrics) -> dic
     phase_time = {name: (len(rs), sum(r.seconds for r in rs)) for name, rs in phase_ranges.items()}
     activity = [a for a in gpu if a.pid == process.pid] if gpu is not None else None
     gpu_view = gpu_stats(activity, [r for rs in phase_ranges.values() for r in rs], PHASES,
-                         [r for _, r in epochs], batches[0].tid if batches else None) if gpu is not None else None
+                         [r for _, r in epochs], batches[0].tid if batches else None, batches,
+                         pipeline_threads(process, trace.thread_names)) if gpu is not None else None
+    gpus = device_map(process.pid, gpu_view["devices"] if gpu_view else (), trace.cuda_devices)
     return {
         "rank": process.rank, "pid": process.pid,
         "epochs": [{"epoch": e, "time_s": r.seconds} for e, r in epochs],
@@ -50,9 +55,21 @@ def _rank(process: Process, gpu: tuple[GpuActivity, ...] | None, metrics) -> dic
                              for name in OUTSIDE_TRAINING},
         "gpu": gpu_view,
         "comm": comm_stats(process.ranges, batches, activity),
-        "gpu_metrics": summarize_metrics(metrics, set(gpu_view["devices"]) if gpu_view else set(),
+        "gpu_metrics": summarize_metrics(metrics, set(gpus.values()),
                                          [(r.start, r.end) for _, r in epochs]) if metrics else None,
+        "gpu_metrics_gpus": {str(cuda): gpu for cuda, gpu in gpus.items()} if metrics else None,
     }
+
+
+def _mapping(trace: Trace, ranks: list[dict]) -> str:
+    """How GPU metrics (keyed by nsys' GPU id) were matched to a rank's CUDA devices."""
+    if trace.cuda_devices is not None:
+        missing = [f"rank {r['rank']} CUDA device {cuda}" for r in ranks
+                   for cuda, gpu in r["gpu_metrics_gpus"].items() if gpu is None]
+        return "TARGET_INFO_CUDA_DEVICE" + (f"; it lists no GPU for {', '.join(missing)}, whose metrics are "
+                                            "left out" if missing else "")
+    return ("assumed: this export has no TARGET_INFO_CUDA_DEVICE (older nsys, e.g. 2022.2), so a rank's CUDA "
+            "device n is taken to be GPU n; wrong where CUDA_VISIBLE_DEVICES hid or reordered GPUs")
 
 
 def _phase_ranges(ranges: tuple[Range, ...], batches: list[Range]) -> dict:
@@ -113,7 +130,7 @@ def _gpu_overall(gpus: list[dict]) -> dict:
     """The GPU-side view, pooled: each phase's GPU time and the data stall as shares of the
     GPUs' training time (epochs x devices)."""
     training = sum(g["training_s"] or 0.0 for g in gpus)
-    return {"gpu_phase_shares": {p: _ratio(sum(g["phase_kernel_s"][p] for g in gpus), training) for p in PHASES}
+    return {"gpu_phase_shares": {p: _ratio(sum(g["phase_kernel_s"][p] for g in gpus), training) for p in GPU_PHASES}
             if gpus else None,
             "gpu_data_stall_share": _ratio(sum(g["data_stall_s"] or 0.0 for g in gpus), training) if gpus else None}
 

@@ -5,45 +5,103 @@ Inside each training batch, a stage's pipeline span runs from its first `fwd mb{
 ranges; the bubble is the rest of the span (waiting for a neighbour, sending), so
 busy + bubble = 1. Theory for W stages and M equal micro-batches: (W-1)/(M+W-1), the
 same for GPipe and 1F1B (1F1B saves activation memory, not bubble).
+
+On a GPU trace those ranges time the launches: NCCL's wait() only makes the stream wait,
+so the CPU runs ahead. There the numbers come from the stage's GPU activity instead
+(`source: "gpu kernels"`), tied to a batch and a range by launch as the phases are
+(gpu_view): everything launched inside the batch's pp ranges spans the pipeline, from
+the first to the last to finish; busy is the union of the non-NCCL work launched in
+`fwd`/`bwd`; wait is NCCL time (send/recv kernels spinning for the neighbour) not
+overlapped by it. The CPU numbers stay beside them under `cpu_ranges`.
 """
 import bisect
 import re
 
+from .gpu_view import NCCL, PhaseLookup
+from .stats import intersect, length, merge
 from .trace import Process
 
 WORK = re.compile(r"(fwd|bwd) mb(\d+)")
 WAIT = ("send", "recv")
 BATCH = re.compile(r"batch \d+")
+NOT_LINKED = "no GPU activity is linked to the pp ranges (the export lacks runtime calls or correlation ids)"
 
 
 def theoretical_bubble(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
-def pipeline_stats(processes: tuple[Process, ...]) -> list[dict | None]:
-    """One entry per process (same order): its pipeline numbers, or None without pp ranges."""
+def pipeline_stats(processes: tuple[Process, ...], gpu=None) -> list[dict | None]:
+    """One entry per process (same order): its pipeline numbers, or None without pp ranges.
+    gpu: the trace's GPU activity (None on CPU-only traces)."""
     stages = [p for p in processes if any(WORK.fullmatch(r.name) for r in p.ranges)]
     if not stages:
         return [None] * len(processes)
     microbatches = 1 + max(int(m.group(2)) for p in stages for r in p.ranges if (m := WORK.fullmatch(r.name)))
     theory = theoretical_bubble(len(stages), microbatches)
-    return [_stage(p, stages.index(p), theory) if p in stages else None for p in processes]
+    return [_stage(p, stages.index(p), theory, gpu) if p in stages else None for p in processes]
 
 
-def _stage(process: Process, index: int, theory: float) -> dict:
+def _stage(process: Process, index: int, theory: float, gpu) -> dict:
     pieces = sorted((r for r in process.ranges if WORK.fullmatch(r.name) or r.name in WAIT), key=lambda r: r.start)
+    batches = sorted((r for r in process.ranges if BATCH.fullmatch(r.name)), key=lambda r: r.start)
+    head = {"stage": index, "theoretical_bubble_share": theory}
+    cpu = _cpu_view(pieces, batches)
+    if gpu is None:
+        return {**head, **cpu, "source": "cpu ranges"}
+    on_gpu = _gpu_view(pieces, batches, [a for a in gpu if a.pid == process.pid])
+    if on_gpu is None:
+        return {**head, **cpu, "source": "cpu ranges", "note": NOT_LINKED}
+    return {**head, **on_gpu, "source": "gpu kernels", "cpu_ranges": cpu}
+
+
+def _shares(span: int, busy: int, wait: int) -> dict:
+    return {"busy_share": busy / span if span else None, "bubble_share": 1 - busy / span if span else None,
+            "wait_share": wait / span if span else None, "span_s": span / 1e9}
+
+
+def _cpu_view(pieces, batches) -> dict:
     starts = [r.start for r in pieces]
     span = busy = wait = 0
-    for batch in (r for r in process.ranges if BATCH.fullmatch(r.name)):
+    for batch in batches:
         inside = [r for r in pieces[bisect.bisect_left(starts, batch.start):bisect.bisect_right(starts, batch.end)]
                   if r.end <= batch.end]
         if inside:
             span += max(r.end for r in inside) - inside[0].start
             busy += sum(r.end - r.start for r in inside if r.name not in WAIT)
             wait += sum(r.end - r.start for r in inside if r.name in WAIT)
-    return {"stage": index, "busy_share": busy / span if span else None,
-            "bubble_share": 1 - busy / span if span else None, "theoretical_bubble_share": theory,
-            "wait_share": wait / span if span else None, "span_s": span / 1e9}
+    return _shares(span, busy, wait)
+
+
+def _gpu_view(pieces, batches, activity) -> dict | None:
+    """Each activity row goes to the pp range innermost-open on its launching thread (or, from a
+    thread without pp ranges such as autograd's, on the training thread), and so to a batch."""
+    if not pieces or not batches:
+        return None
+    lookup, training = PhaseLookup(pieces), batches[0].tid
+    starts = [b.start for b in batches]
+    per_batch = {}
+    for a in activity:
+        if a.launched is None:
+            continue
+        piece = lookup.innermost(a.tid if a.tid in lookup.by_thread else training, a.launched)
+        i = bisect.bisect_right(starts, piece.start) - 1 if piece else -1
+        if i >= 0 and piece.end <= batches[i].end:
+            per_batch.setdefault(i, []).append((a, piece.name not in WAIT))
+    if not per_batch:
+        return None
+    span = busy = wait = 0
+    for rows in per_batch.values():
+        span += max(a.end for a, _ in rows) - min(a.start for a, _ in rows)
+        nccl = merge((a.start, a.end) for a, _ in rows if _is_nccl(a))
+        work = merge((a.start, a.end) for a, compute in rows if compute and not _is_nccl(a))
+        busy += length(work)
+        wait += length(nccl) - length(intersect(nccl, work))
+    return _shares(span, busy, wait)
+
+
+def _is_nccl(activity) -> bool:
+    return bool(activity.name) and NCCL in activity.name.lower()
 
 
 def markdown_lines(ranks: list[dict]) -> list[str]:
@@ -54,9 +112,17 @@ def markdown_lines(ranks: list[dict]) -> list[str]:
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"  # noqa: E731
     lines = ["## Pipeline (pp)", "",
              "Shares of each stage's pipeline span inside the training batches; the bubble is idle "
-             "time (waiting in send/recv included); theory is (W-1)/(M+W-1).", "",
-             "| rank | stage | busy | bubble | theoretical bubble | send/recv |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['rank']} | {p['stage']} | {pct(p['busy_share'])} | {pct(p['bubble_share'])} | "
-              f"{pct(p['theoretical_bubble_share'])} | {pct(p['wait_share'])} |"
-              for r, p in ((r, r["pipeline"]) for r in ranks if r.get("pipeline"))]
-    return lines + [""]
+             "time (waiting in send/recv included); theory is (W-1)/(M+W-1). Source `gpu kernels`: "
+             "measured on the GPU from the work each pp range launched (CPU ranges in brackets); "
+             "`cpu ranges`: the NVTX ranges themselves, which on a GPU time only the launches.", "",
+             "| rank | stage | source | busy | bubble | theoretical bubble | send/recv |", "|" + "---|" * 7]
+    for r in ranks:
+        p = r.get("pipeline")
+        if p:
+            cpu = p.get("cpu_ranges")
+            also = (lambda k: f" ({pct(cpu[k])})") if cpu else (lambda k: "")  # noqa: E731
+            lines.append(f"| {r['rank']} | {p['stage']} | {p['source']} | {pct(p['busy_share'])}{also('busy_share')} | "
+                         f"{pct(p['bubble_share'])}{also('bubble_share')} | {pct(p['theoretical_bubble_share'])} | "
+                         f"{pct(p['wait_share'])}{also('wait_share')} |")
+    notes = sorted({p["note"] for p in rows if p.get("note")})
+    return lines + [""] + [f"Note: {n}; the numbers above are CPU ranges." for n in notes] + ([""] if notes else [])

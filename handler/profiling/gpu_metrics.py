@@ -3,7 +3,9 @@
 Layout of the export (nsys 2021.2 onwards):
   TARGET_INFO_GPU_METRICS(typeId, sourceId, typeName, metricId, metricName)
   GPU_METRICS(timestamp, typeId, metricId, value)
-The GPU is the low byte of typeId. Metric names differ between GPU generations and nsys
+The GPU is the low byte of typeId: nsys' own GPU id, not the CUDA ordinal CUPTI's deviceId
+holds (the process's view after CUDA_VISIBLE_DEVICES). TARGET_INFO_CUDA_DEVICE(gpuId, cudaId,
+pid) links the two per process (device_map). Metric names differ between GPU generations and nsys
 releases ("SMs Active [Throughput %]", "DRAM Read Bandwidth [Throughput %]", "PCIe RX
 Throughput [Throughput %]" ...), so they are matched by pattern; the unit comes from the
 bracket. A metric this GPU does not sample is simply absent from the summary.
@@ -69,8 +71,17 @@ def load_metric_samples(db, tables) -> tuple[MetricSample, ...]:
     return tuple(samples)
 
 
+def device_map(pid: int, cuda_devices, table: dict | None) -> dict:
+    """CUDA ordinal -> nsys GPU id for one process; None where the table lacks the pair.
+    Without the table (older exports) the ids are assumed equal; the summary says so."""
+    if table is None:
+        return {d: d for d in cuda_devices}
+    return {d: table.get((pid, d)) for d in cuda_devices}
+
+
 def summarize_metrics(samples, devices, spans) -> dict | None:
-    """{device: {key: {"mean", "p95"}}} over the samples inside the training spans (epochs).
+    """{GPU id: {key: {"mean", "p95"}}} over the samples inside the training spans (epochs);
+    devices: the nsys GPU ids of the rank's CUDA devices (None: unknown, skipped).
 
     DRAM read and write percentages sampled at the same time are added into dram_bw_pct,
     for GPUs that report them separately."""

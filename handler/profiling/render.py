@@ -1,9 +1,10 @@
 """The summary for people: a markdown page and the one line scripts/launch.sh prints."""
-from .analysis import OUTSIDE_TRAINING, PHASES
+from .analysis import GPU_PHASES, OUTSIDE_TRAINING, PHASES
 from .bubble import markdown_lines
 
 NA = "n/a"
 LABELS = {"data": "data-stall"}  # waiting for the loader is what the data phase measures
+GPU_LABELS = {"data_gpu": "data (GPU)"}  # the input pipeline's own GPU work (DALI, nvJPEG)
 
 
 def pct(share: float | None) -> str:
@@ -24,7 +25,8 @@ def one_line(summary: dict) -> str:
     # An absent phase (h2d on CPU) took no time.
     parts = [f"{LABELS.get(p, p)} {pct(shares[p] or 0.0)}" for p in PHASES]
     if gpu:
-        parts[0] = f"data-stall {pct(overall['gpu_data_stall_share'] or 0.0)}"
+        parts[0:1] = [f"data-stall {pct(overall['gpu_data_stall_share'] or 0.0)}",
+                      f"data (GPU) {pct(shares.get('data_gpu') or 0.0)}"]
     parts.append(f"epoch {num(overall['epoch_mean_s'])} s")
     if summary["gpu_trace"]:
         parts += [f"gpu idle {pct(overall['gpu_idle_share'])}", f"nccl {pct(overall['nccl_share'])}"]
@@ -49,19 +51,22 @@ def markdown(summary: dict, title: str) -> str:
                       [[str(r["rank"]), *(_count_time(r["outside_training"][n]) for n in OUTSIDE_TRAINING)]
                        for r in ranks])
     if summary["gpu_trace"]:
-        lines += _section("GPU", "Idle and data-stall are shares of the GPUs' time inside training epochs; "
-                          "data-stall is GPU idle while the training thread waits in `data`.",
-                          ["rank", "devices", "kernels", "kernel s", "idle", "data-stall", "nccl share of kernel time"],
+        lines += _section("GPU", "Idle, data-stall and data (GPU) are shares of the GPUs' time inside training "
+                          "epochs; data-stall is GPU idle while the training thread waits in `data`, data (GPU) "
+                          "the input pipeline's own GPU work (DALI's operators, nvJPEG).",
+                          ["rank", "devices", "kernels", "kernel s", "idle", "data-stall", "data (GPU)",
+                           "nccl share of kernel time"],
                           [_gpu_row(r["rank"], r["gpu"]) for r in ranks])
         lines += _section("GPU time per phase (s)", "Kernels, copies and memsets, by the phase whose range was "
-                          "open on the launching thread when the CUDA call started.",
-                          ["rank", *PHASES, "unattributed"],  # `data`: work launched there, not the stall
-                          [[str(r["rank"]), *(num(r["gpu"]["phase_kernel_s"][p], 3) for p in PHASES),
+                          "open on the launching thread when the CUDA call started; data (GPU) is work the "
+                          "input pipeline launched from its own threads or in its own kernels.",
+                          ["rank", *(GPU_LABELS.get(p, p) for p in GPU_PHASES), "unattributed"],
+                          [[str(r["rank"]), *(num(r["gpu"]["phase_kernel_s"][p], 3) for p in GPU_PHASES),
                             num(r["gpu"]["unattributed_s"], 3)] for r in ranks])
     else:
         lines += ["## GPU", "", f"{NA}: no CUDA activity in this report (CPU-only run).", ""]
     lines += _comm_sections(summary)
-    lines += _metrics_section(ranks)
+    lines += _metrics_section(ranks, summary.get("gpu_metrics_mapping"))
     lines += markdown_lines(ranks)
     if summary.get("metrics_comparison") is not None:
         lines += _section("nsys vs metrics JSON (epoch time, first rank)",
@@ -99,7 +104,8 @@ def _count_time(totals: dict) -> str:
 
 def _gpu_row(rank: int, gpu: dict) -> list[str]:
     return [str(rank), ",".join(map(str, gpu["devices"])) or NA, str(gpu["kernels"]),
-            num(gpu["kernel_time_s"]), pct(gpu["idle_share"]), pct(gpu["data_stall_share"]), pct(gpu["nccl_share"])]
+            num(gpu["kernel_time_s"]), pct(gpu["idle_share"]), pct(gpu["data_stall_share"]),
+            pct(gpu["data_gpu_share"]), pct(gpu["nccl_share"])]
 
 
 def _comm_sections(summary: dict) -> list[str]:
@@ -126,13 +132,22 @@ METRIC_COLUMNS = ("sm_active_pct", "sm_issue_pct", "warps_in_flight_pct", "dram_
                   "pcie_tx_mbps", "pcie_rx_mbps", "pcie_tx_pct", "pcie_rx_pct")
 
 
-def _metrics_section(ranks: list[dict]) -> list[str]:
-    rows = [[str(r["rank"]), device, *(_mean_p95(values.get(k)) for k in METRIC_COLUMNS)]
-            for r in ranks for device, values in (r.get("gpu_metrics") or {}).items()]
-    if not rows:
+def _metrics_section(ranks: list[dict], mapping: str | None) -> list[str]:
+    rows = [[str(r["rank"]), f"{gpu} ({_cuda_of(r, gpu)})", *(_mean_p95(values.get(k)) for k in METRIC_COLUMNS)]
+            for r in ranks for gpu, values in (r.get("gpu_metrics") or {}).items()]
+    clean = mapping == "TARGET_INFO_CUDA_DEVICE"
+    if not rows and (clean or mapping is None):
         return []
-    return _section("GPU metrics (mean / p95 inside training epochs)", None,
-                    ["rank", "GPU", *METRIC_COLUMNS], rows)
+    note = "GPU is nsys' GPU id, the process's CUDA device in brackets, matched through TARGET_INFO_CUDA_DEVICE."
+    if not clean:
+        note = f"**Warning: GPU ids {mapping}.**"
+    return _section("GPU metrics (mean / p95 inside training epochs)", note,
+                    ["rank", "GPU (CUDA device)", *METRIC_COLUMNS], rows)
+
+
+def _cuda_of(rank: dict, gpu: str) -> str:
+    cudas = [c for c, g in (rank.get("gpu_metrics_gpus") or {}).items() if str(g) == gpu]
+    return "cuda " + ",".join(cudas) if cudas else NA
 
 
 def _mean_p95(stat: dict | None) -> str:
