@@ -162,3 +162,11 @@ def test_a_second_comparison_into_the_same_folder_is_refused_and_leaves_it_alone
                     cmd=[sys.executable, "-m", "handler.compare"], cwd=ROOT, timeout=60)
     assert again.returncode == 2 and "already holds a comparison" in again.stderr
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def test_dalis_gpu_work_is_its_own_share_not_other():
+    gpu = {"data": 0.0, "h2d": 0.05, "forward": 0.3, "backward": 0.4, "optimizer": 0.05, "data_gpu": 0.15}
+    summary = {"overall": {"gpu_phase_shares": gpu, "gpu_data_stall_share": 0.02, "phase_shares": {}}}
+    row, = build_rows([_outcome("dali", 1, [1.0], profile=summary)])
+    assert row.phase_source == "nsys GPU time"
+    assert row.phases["data_gpu"] == pytest.approx(0.15) and row.phases["other"] == pytest.approx(0.03)

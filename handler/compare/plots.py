@@ -10,7 +10,7 @@ from .results import SHARES  # noqa: E402
 
 DPI = 110
 PHASE_COLOURS = {"data": "#d62728", "h2d": "#ff7f0e", "forward": "#1f77b4", "backward": "#2ca02c",
-                 "optimizer": "#9467bd", "other": "#c7c7c7"}
+                 "optimizer": "#9467bd", "data_gpu": "#8c564b", "other": "#c7c7c7"}
 
 
 def write_plots(rows, out: Path) -> dict:

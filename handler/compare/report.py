@@ -6,7 +6,7 @@ from .provenance import markdown as provenance_lines
 from .results import SHARES
 
 NA = "—"
-SHORT = {"data": "data", "h2d": "h2d", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
+SHORT = {"data": "data", "h2d": "h2d", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "data_gpu": "data (GPU)", "other": "other"}
 
 
 def num(value, fmt: str) -> str:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Optional
 
-from ..profiling.analysis import PHASES
+from ..profiling.analysis import GPU_PHASES, PHASES
 
-SHARES = (*PHASES, "other")
+SHARES = (*GPU_PHASES, "other")  # data_gpu: the input pipeline's own GPU work (DALI, nvJPEG)
 
 
 @dataclass
@@ -77,7 +77,7 @@ def nsys_shares(summary: Optional[dict]) -> tuple:
         return None, ""
     overall = summary["overall"]
     if overall.get("gpu_phase_shares"):
-        shares = {p: overall["gpu_phase_shares"].get(p) or 0.0 for p in PHASES}
+        shares = {p: overall["gpu_phase_shares"].get(p) or 0.0 for p in GPU_PHASES}
         shares["data"] = overall.get("gpu_data_stall_share") or 0.0
         source = "nsys GPU time"
     else:
@@ -106,7 +106,7 @@ def _with_other(shares: dict) -> Optional[dict]:
     """What no phase covers is `other`; all zero means no phase was recorded."""
     if not any(shares.values()):
         return None
-    return {**shares, "other": max(0.0, 1.0 - sum(shares.values()))}
+    return {**{p: 0.0 for p in GPU_PHASES}, **shares, "other": max(0.0, 1.0 - sum(shares.values()))}
 
 
 def _add_speedups(rows) -> None:
