@@ -9,6 +9,7 @@
 # NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
 # PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
 # GPU_METRICS 0|1 (0): nsys GPU metrics sampling  NSYS_INSTALLER (scripts/install_nsys.sh)
+# NSYS_EXIT_TIMEOUT (120): seconds without progress after training finished before nsys is ended
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +28,9 @@ esac
 
 PROFILE="${PROFILE:-auto}"
 case "$PROFILE" in auto|1|0) ;; *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;; esac
+NSYS_EXIT_TIMEOUT="${NSYS_EXIT_TIMEOUT:-120}"
+[[ "$NSYS_EXIT_TIMEOUT" =~ ^[1-9][0-9]*$ ]] \
+    || die "NSYS_EXIT_TIMEOUT='$NSYS_EXIT_TIMEOUT' is not a positive number of seconds; e.g. NSYS_EXIT_TIMEOUT=300"
 case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1; use GPU_METRICS=1 to sample GPU metrics (GPU runs)" ;; esac
 if [[ $PROFILE == auto ]] && ! command -v nsys >/dev/null 2>&1 \
         && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
@@ -101,7 +105,11 @@ fi
 train=("$PYTHON" "$ROOT/train_cifar.py" --mode "$MODE" --num_gpu "$NUM_GPUS" --data "$DATA_DIR"
        --ckpt "$CKPT_DIR" --metrics "$metrics" "${smoke[@]}" "$@")
 
-status=0
+# nsys starts the program with umask 000; the program restores this one first thing, so its
+# checkpoints, metrics and data are never world-writable (handler/common/umask.py).
+export HARNESS_UMASK="$(umask)"
+
+status=0 stuck=""
 if [[ $profiled == 1 ]]; then
     source "$ROOT/scripts/nsys_options.sh"
     if [[ "${GPU_METRICS:-0}" == 1 ]]; then
@@ -116,9 +124,21 @@ if [[ $profiled == 1 ]]; then
         fi
     fi
     # The trainer records this as env.nsys in its metrics.
-    HARNESS_NSYS="$(nsys --version | sed 's/.*version //')" \
+    export HARNESS_NSYS="$(nsys --version | sed 's/.*version //')"
+    # nsys stays in the foreground (Ctrl-C reaches it as before); a watchdog ends it by PID if
+    # it is stuck after training finished (scripts/nsys_watch.sh).
+    watch_dir="$(mktemp -d -t launch-nsys-XXXXXX)"
+    bash "$ROOT/scripts/nsys_watch.sh" "$watch_dir/pid" "$metrics" "$watch_dir/cause" "$NSYS_EXIT_TIMEOUT" &
+    watchdog=$!
+    bash -c 'echo $$ >"$0"; exec "$@"' "$watch_dir/pid" \
         nsys profile "${NSYS_PROFILE_OPTS[@]}" --output "$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME" "${train[@]}" \
         || status=$?
+    wait "$watchdog" || true
+    if [[ -s "$watch_dir/cause" ]]; then
+        stuck="nsys $HARNESS_NSYS did not exit: $(cat "$watch_dir/cause") (NSYS_EXIT_TIMEOUT=$NSYS_EXIT_TIMEOUT, a known exit hang of nsys 2022.4; a newer nsys avoids it); the metrics are complete"
+        status=124
+    fi
+    rm -rf "$watch_dir"
 else
     "${train[@]}" || status=$?
 fi
@@ -132,4 +152,6 @@ if [[ $profiled == 1 && -f "$report" ]]; then
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m handler.profiling.report "$report" "${analysis[@]}" \
         && say "summary: $NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.summary.md" || true
 fi
+# Last, so that it is the line a user sees.
+[[ -n $stuck ]] && say "$stuck"
 exit "$status"

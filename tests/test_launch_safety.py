@@ -1,0 +1,139 @@
+"""A profiled launch never hangs and never leaves world-writable files (DESIGN.md §5).
+
+A fake nsys first on PATH behaves as nsys does where it matters: it starts the program with
+umask 000, writes a report, and can then hang as nsys 2022.4 once did (a stuck child left
+behind, SIGTERM ignored). One test runs the real nsys when it is installed.
+"""
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_process
+from tests.nsys_helpers import REPO, path_without_nsys, profile, require_nsys
+
+LAUNCH = REPO / "scripts" / "launch.sh"
+FAKE_VERSION = "2022.4.2.1-fake"
+TINY = ["--dataset", "synthetic", "--synthetic-train", "128", "--synthetic-test", "32", "--batch-size", "32",
+        "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1", "--model", "resnet20"]
+FAKE_NSYS = f"""#!/bin/bash
+# nsys stand-in. FAKE_NSYS_AFTER: exit (default), hang (a stuck child, SIGTERM ignored) or
+# busy (CPU-bound for FAKE_NSYS_BUSY_S, as while writing a big report, then exit).
+[[ $1 == --version ]] && {{ echo "NVIDIA Nsight Systems version {FAKE_VERSION}"; exit 0; }}
+[[ $1 == profile ]] || exit 1
+shift
+while [[ $1 == -* ]]; do
+    if [[ $1 == --output ]]; then out=$2; shift; fi
+    shift
+done
+(umask 000; exec "$@")
+status=$?
+echo "partial report" >"$out.nsys-rep"
+case "${{FAKE_NSYS_AFTER:-exit}}" in
+    hang) trap '' TERM
+          sleep 3600 & echo $! >"$FAKE_NSYS_STUCK_PID"
+          wait ;;
+    busy) end=$((SECONDS + FAKE_NSYS_BUSY_S)); while ((SECONDS < end)); do :; done ;;
+esac
+exit $status
+"""
+
+
+@pytest.fixture
+def fake_nsys(tmp_path) -> str:
+    """PATH with the fake nsys first and the real one absent."""
+    folder = tmp_path / "fake-bin"
+    folder.mkdir()
+    (folder / "nsys").write_text(FAKE_NSYS)
+    (folder / "nsys").chmod(0o755)
+    return f"{folder}{os.pathsep}{path_without_nsys(tmp_path)}"
+
+
+def launch(tmp_path, *args, budget, **env):
+    """launch.sh from a shell whose umask is 022, with its outputs in folders it creates."""
+    settings = {"MODE": "dp", "NUM_GPUS": "1", "PROFILE": "1", "PYTHON": sys.executable,
+                "DATA_DIR": str(tmp_path / "out" / "data"), "CKPT_DIR": str(tmp_path / "out" / "ckpt"),
+                "NSIGHT_LOG_DIR": str(tmp_path / "out" / "logs"), **env}
+    return run_process(["bash", "-c", 'umask 0022 && exec bash "$0" "$@"', LAUNCH, *TINY, *args],
+                       cwd=tmp_path, env=settings, budget=budget)
+
+
+def world_writable(folder: Path) -> list:
+    found = [p for p in [folder, *folder.rglob("*")] if not p.is_symlink() and p.stat().st_mode & stat.S_IWOTH]
+    return [f"{oct(p.stat().st_mode & 0o777)} {p}" for p in found]
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0] != "Z"
+
+
+def test_a_hung_nsys_is_ended_after_the_timeout_with_a_one_line_cause(tmp_path, fake_nsys):
+    stuck = tmp_path / "stuck.pid"
+    started = time.monotonic()
+    run = launch(tmp_path, budget=30, PATH=fake_nsys, FAKE_NSYS_AFTER="hang", FAKE_NSYS_STUCK_PID=str(stuck),
+                 NSYS_EXIT_TIMEOUT="3")
+    elapsed = time.monotonic() - started
+    logs = tmp_path / "out" / "logs"
+    finished = (logs / "dp_cpu1.metrics.json").stat().st_mtime
+    assert run.returncode == 124, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"launch: nsys {FAKE_VERSION} did not exit") and "NSYS_EXIT_TIMEOUT=3" in last, last
+    assert "no progress for 3 s after training finished" in last and "SIGKILL" in last, last
+    assert (logs / "dp_cpu1.nsys-rep").read_text() == "partial report\n"  # kept
+    # After training: 3 s without progress, 3 s for SIGTERM, polling, and the analysis of the report.
+    assert time.time() - finished < 30, (elapsed, run.stderr[-2000:])
+    assert not process_exists(int(stuck.read_text())), "the stuck child nsys left behind is still running"
+
+
+def test_a_busy_nsys_writing_its_report_is_never_ended(tmp_path, fake_nsys):
+    """Report generation after a long run can outlast NSYS_EXIT_TIMEOUT; only a tree that makes
+    no progress is ended."""
+    run = launch(tmp_path, budget=25, PATH=fake_nsys, FAKE_NSYS_AFTER="busy", FAKE_NSYS_BUSY_S="7",
+                 NSYS_EXIT_TIMEOUT="2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "did not exit" not in run.stderr
+
+
+@pytest.mark.parametrize("timeout", ["0", "2m", "-5"])
+def test_a_bad_nsys_exit_timeout_fails_in_one_line(tmp_path, timeout):
+    run = run_process(["bash", LAUNCH], cwd=tmp_path, budget=10, env={"NSYS_EXIT_TIMEOUT": timeout})
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"launch: NSYS_EXIT_TIMEOUT='{timeout}' is not a positive number of seconds; e.g. NSYS_EXIT_TIMEOUT=300"]
+
+
+def test_a_profiled_run_under_umask_000_leaves_nothing_world_writable(tmp_path, fake_nsys):
+    run = launch(tmp_path, budget=25, PATH=fake_nsys)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / "out"
+    assert (out / "ckpt" / "last.pt").is_file() and (out / "logs" / "dp_cpu1.metrics.json").is_file()
+    assert any((out / "data").iterdir())
+    assert world_writable(out) == []
+
+
+def test_a_run_profiled_by_the_real_nsys_leaves_nothing_world_writable(tmp_path):
+    require_nsys()
+    run = launch(tmp_path, budget=40, MODE="ddp", NUM_GPUS="2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / "out"
+    assert (out / "logs" / "ddp_cpu2.nsys-rep").is_file() and (out / "ckpt" / "last.pt").is_file()
+    assert world_writable(out) == []
+
+
+def test_the_lab_nsys_options_do_not_wait_for_a_process_the_program_left_behind(tmp_path):
+    """nsys waits for re-parented descendants by default (--wait=all); a leftover of the
+    program would hold the profile open, and launch.sh with it."""
+    pid_file = tmp_path / "orphan.pid"
+    started = time.monotonic()
+    profile(["bash", "-c", f'sleep 60 & echo $! >"{pid_file}"'], tmp_path / "orphan", timeout=90)
+    assert time.monotonic() - started < 40
+    orphan = int(pid_file.read_text())
+    if process_exists(orphan):  # a sleep this test started
+        os.kill(orphan, 9)
