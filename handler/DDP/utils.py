@@ -12,6 +12,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as tdist
+# Before any group exists: torch.distributed.nn binds `group.WORLD` as a default argument when
+# first imported, and DDP's set-up imports it. Imported after init_process_group, it would hold
+# that group for the life of the process, past destroy_process_group, so its gloo threads and
+# rank 0's store server ran into the interpreter's own teardown (an intermittent SIGABRT at exit).
+import torch.distributed.nn  # noqa: F401
 import torch.multiprocessing as mp
 
 from ..runtime import dist
