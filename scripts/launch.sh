@@ -106,7 +106,7 @@ train=("$PYTHON" "$ROOT/train_cifar.py" --mode "$MODE" --num_gpu "$NUM_GPUS" --d
        --ckpt "$CKPT_DIR" --metrics "$metrics" "${smoke[@]}" "$@")
 
 # nsys starts the program with umask 000; the program restores this one first thing, so its
-# checkpoints, metrics and data are never world-writable (handler/common/umask.py).
+# checkpoints, metrics and data are never world-writable (handler/runtime/umask.py).
 export HARNESS_UMASK="$(umask)"
 
 status=0 stuck=""
