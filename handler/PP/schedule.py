@@ -30,6 +30,8 @@ def require_pipelining() -> None:
     if PipelineStage is None or version < (2, 6):
         raise UserError(f"--mode pp needs torch.distributed.pipelining from torch 2.6 or newer; "
                         f"this is torch {torch.__version__}: upgrade torch")
+    from .old_torch import patch_batch_p2p
+    patch_batch_p2p()
 
 
 if PipelineStage is not None:
