@@ -79,7 +79,8 @@ TINY = ["--synthetic-train", 16, "--synthetic-test", 8, "--batch-size", 16, "--v
 def accepted_flags(mode: str, gpus: int) -> list:
     """The TOOLBOX entries validate() accepts for `mode` on `gpus` GPUs (0: the CPU), one
     amp at most: fp16 where it is accepted, else bf16."""
-    base = ["--mode", mode, "--num_gpu", str(1 if mode == "dp" or gpus == 1 else 2), *map(str, TINY)]
+    processes = gpus or (1 if mode == "dp" else 2)
+    base = ["--mode", mode, "--num_gpu", str(processes), *map(str, TINY)]
     flags = []
     for flag in TOOLBOX:
         try:
@@ -100,6 +101,8 @@ def test_the_flag_table_follows_validate():
     assert accepted_flags("ddp", 1) == ["--channels-last", "--accum-steps", "2", "--activation-checkpointing",
                                         "--sync-bn", "--amp", "fp16"]
     assert accepted_flags("fsdp", 1)[-2:] == ["--amp", "fp16"] and "--sync-bn" not in accepted_flags("fsdp", 1)
+    assert accepted_flags("pp", 2) == ["--channels-last", "--activation-checkpointing", "--amp", "bf16"]
+    assert accepted_flags("dp", 2)[-3:] == ["--dp-balanced", "--amp", "fp16"]
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
