@@ -10,6 +10,7 @@ All `gpu`-marked: skipped without CUDA; the 2-GPU ones also skip when fewer are 
 They have not yet run on a GPU (none was available when they were written, 2026-11-23).
 """
 import math
+import os
 
 import pytest
 import torch
@@ -180,3 +181,29 @@ def test_dataparallel_replicas_on_every_gpu_run_bf16():
         out = model(torch.randn(8, 8, device="cuda:0"))
     assert out.dtype == torch.bfloat16
     assert sorted(seen) == [(0, torch.bfloat16), (1, torch.bfloat16)]
+
+
+def test_a_channels_last_input_alone_selects_cudnns_nhwc_convolution():
+    # Item 1: fsdp keeps its parameters contiguous (FSDP2 shards nothing else); its
+    # --channels-last speed-up rests on cuDNN choosing NHWC from the input's layout.
+    x = torch.randn(8, 16, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(32, 16, 3, 3, device="cuda", requires_grad=True)
+    out = torch.nn.functional.conv2d(x, weight, padding=1)
+    assert weight.is_contiguous() and out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.gpus(2)
+def test_a_two_gpu_checkpoint_resumes_where_one_gpu_is_visible(data_root, tmp_path):
+    # Item 4: the checkpoint holds both GPUs' random states; restoring the second on a
+    # machine showing one raised IndexError in torch.cuda.set_rng_state.
+    first = train(data_root, tmp_path, ("ddp",), 2, "--epochs", 2, "--stop-after", 1)
+    assert len(load_checkpoint(str(tmp_path / "last.pt"), "cpu")["rng"]["cuda"]) >= 2
+    one = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    proc = run_cli(["--mode", "ddp", "--num_gpu", 1, "--data", data_root, "--ckpt", tmp_path, *ONE_EPOCH,
+                    "--epochs", 2, "--resume"], env={"CUDA_VISIBLE_DEVICES": one})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "random states for" in proc.stderr and "are dropped" in proc.stderr
+    m = read_metrics(tmp_path / "metrics.json")
+    assert_trained_on_gpus(m, "ddp", 1, epochs=2)
+    assert m["epochs"][0] == first["epochs"][0]
+    assert any("are dropped" in note for note in m["env"]["notes"])
