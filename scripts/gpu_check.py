@@ -2,6 +2,9 @@
 epoch, resume, a SIGTERM stop and its resume, a profiled run, the `gpu`-marked tests, and a
 2-GPU pass when two or more GPUs are visible. README "GPU check".
 
+pp at 1 GPU runs one stage: NCCL refuses two ranks on one device ("Duplicate GPU detected"),
+so its send/recv between stages, and the checkpoint gathered from two, are the 2-GPU pass's.
+
     bash scripts/gpu_check.sh [--out DIR] [--no-tests]      # PYTHON=python3 for an existing torch
 
 Writes DIR/gpu_check.md (one table) and DIR/gpu_check.json. Exit status: 0 all passed (or
@@ -69,12 +72,15 @@ def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = Tr
         *(train(f"ddp_dali {src}", "--mode", "ddp_dali", "--dali-source", src, skip=no_dali,
                 config__dali_source=src) for src in DALI_SOURCES),
         train("fsdp", "--mode", "fsdp"),
+        # One stage: NCCL refuses two ranks on one GPU, so send/recv between stages is the 2-GPU pass's.
+        train("pp (1 stage)", "--mode", "pp", env__backend="nccl"),
         train("bf16", "--mode", "ddp", "--amp", "bf16", skip=no_bf16, config__amp="bf16"),
         train("fp16 (GradScaler)", "--mode", "ddp", "--amp", "fp16", config__amp="fp16"),
         train("channels_last", "--mode", "ddp", "--channels-last"),
         train("accumulation x2", "--mode", "ddp", "--accum-steps", "2"),
         train("activation checkpointing", "--mode", "ddp", "--activation-checkpointing"),
         Check("--resume continues", "resume", ("--mode", "ddp", "--num_gpu", "1")),
+        Check("pp --resume continues", "resume", ("--num_gpu", "1", "--mode", "pp")),
         Check("SIGTERM stop, then --resume", "sigterm", ("--mode", "ddp", "--num_gpu", "1")),
         Check("profiled run (nsys)", "profile", ("--mode", "ddp",),
               skip="" if nsys else "nsys is not on PATH (scripts/install_nsys.sh)"),
@@ -91,6 +97,8 @@ def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = Tr
             train("2 GPUs: ddp_dali jpeg", "--mode", "ddp_dali", "--dali-source", "jpeg", gpus=2,
                   skip=no_dali, env__world_size=2),
             train("2 GPUs: fsdp", "--mode", "fsdp", gpus=2, env__world_size=2),
+            train("2 GPUs: pp, 2 stages over NCCL", "--mode", "pp", gpus=2, env__backend="nccl", env__world_size=2),
+            Check("2 GPUs: pp --resume (gathered checkpoint)", "resume", ("--num_gpu", "2", "--mode", "pp"), gpus=2),
         ]
     return checks
 
@@ -164,7 +172,7 @@ class Runner:
             # The 1-GPU every-mode test is what the train checks below do at ResNet-18 size.
             cmd = [self.python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests"),
                    "-k", f"not {ONE_GPU_MODES_TEST}"]
-            proc = self.run(cmd, folder, timeout=420)
+            proc = self.run(cmd, folder, timeout=600)
             return "" if proc.returncode == 0 else f"pytest exit {proc.returncode}; see {folder}/log.txt"
         if check.kind == "train":
             proc = self.run(self.train_cmd(check, folder, "--epochs", "1"), folder)

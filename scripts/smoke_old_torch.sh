@@ -3,7 +3,7 @@
 # one tiny epoch each, the optional techniques together, then a resume of each checkpoint
 # format. CI runs it after the suite.
 # Builds .venv-oldtorch on first use. Usage: scripts/smoke_old_torch.sh
-#   SMOKE_MODES ("dp ddp ddp_dali fsdp")   PYTHON_BOOTSTRAP (python3)
+#   SMOKE_MODES ("dp ddp ddp_dali fsdp pp")   PYTHON_BOOTSTRAP (python3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "smoke: $*"; }
@@ -21,7 +21,8 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 torch_version="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')" || exit 1
-say "torch $torch_version, CPU (GPUs hidden), modes: ${SMOKE_MODES:-dp ddp ddp_dali fsdp}"
+modes="${SMOKE_MODES:-dp ddp ddp_dali fsdp pp}"
+say "torch $torch_version, CPU (GPUs hidden), modes: $modes"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -53,15 +54,23 @@ EOF
     fi
 }
 
-for mode in ${SMOKE_MODES:-dp ddp ddp_dali fsdp}; do
+has() { [[ " $modes " == *" $1 "* ]]; }
+for mode in $modes; do
     check "$mode" 1 "$work/$mode" --mode "$mode" --epochs 1
 done
 # The optional techniques together, bf16 included (4 steps: cheap even where bf16 is emulated).
-[[ " ${SMOKE_MODES:-dp} " == *" dp "* ]] && check "dp + toolbox flags" 1 "$work/flags" --mode dp --epochs 1 \
+# fsdp and pp with --channels-last failed on this torch: non-contiguous parameters, and stage
+# 0's input strides checked against an NCHW example.
+has dp && check "dp + toolbox flags" 1 "$work/flags-dp" --mode dp --epochs 1 \
     --amp bf16 --channels-last --accum-steps 2 --activation-checkpointing --dp-balanced
-# Checkpoints written by this torch load back in it: the plain one (ddp) and the sharded one (fsdp).
-for mode in ddp fsdp; do
-    [[ " ${SMOKE_MODES:-ddp fsdp} " == *" $mode "* ]] || continue
+has fsdp && check "fsdp + toolbox flags" 1 "$work/flags-fsdp" --mode fsdp --epochs 1 \
+    --amp bf16 --channels-last --accum-steps 2 --activation-checkpointing
+has pp && check "pp + toolbox flags" 1 "$work/flags-pp" --mode pp --epochs 1 \
+    --amp bf16 --channels-last --activation-checkpointing
+# Checkpoints written by this torch load back in it: the plain one (ddp), the sharded one
+# (fsdp), and pp's stages gathered into the plain one.
+for mode in ddp fsdp pp; do
+    has "$mode" || continue
     check "$mode --resume" 2 "$work/$mode" --mode "$mode" --epochs 2 --resume
 done
 

@@ -37,15 +37,16 @@ def test_one_gpu_plan_covers_every_mode_option_and_recovery_on_one_gpu():
     checks = gpu_check.plan(1, dali=True, nsys=True, pytest_ok=True)
     names = by_name(checks)
     for name in ("gpu-marked tests", "dp", "dp --dp-balanced", "ddp", "ddp_dali memory", "ddp_dali raw",
-                 "ddp_dali jpeg", "fsdp", "bf16", "fp16 (GradScaler)", "channels_last", "accumulation x2",
-                 "activation checkpointing", "--resume continues", "SIGTERM stop, then --resume",
-                 "profiled run (nsys)"):
+                 "ddp_dali jpeg", "fsdp", "pp (1 stage)", "bf16", "fp16 (GradScaler)", "channels_last",
+                 "accumulation x2", "activation checkpointing", "--resume continues", "pp --resume continues",
+                 "SIGTERM stop, then --resume", "profiled run (nsys)"):
         assert name in names and not names[name].skip, name
     assert not any(name.startswith("2 GPUs") for name in names)
     trains = [c for c in checks if c.kind == "train"]
     assert all(c.args[:2] == ("--num_gpu", "1") and c.gpus == 1 for c in trains)
     modes = {c.args[c.args.index("--mode") + 1] for c in trains}
-    assert modes == {"dp", "ddp", "ddp_dali", "fsdp"}
+    assert modes == {"dp", "ddp", "ddp_dali", "fsdp", "pp"}
+    assert names["pp --resume continues"].args[:4] == ("--num_gpu", "1", "--mode", "pp")
     for name, flag in (("bf16", "bf16"), ("fp16 (GradScaler)", "fp16"), ("channels_last", "--channels-last"),
                        ("accumulation x2", "--accum-steps"), ("activation checkpointing", "--activation-checkpointing"),
                        ("ddp_dali jpeg", "jpeg"), ("dp --dp-balanced", "--dp-balanced")):
@@ -62,7 +63,9 @@ def test_two_gpus_add_a_pass_with_nccl_dp_splitting_and_sync_bn():
     names = by_name(extra)
     assert ("env.backend", "nccl") in names["2 GPUs: ddp over NCCL"].expect
     assert "--sync-bn" in names["2 GPUs: ddp --sync-bn"].args
-    assert {c.args[c.args.index("--mode") + 1] for c in extra} == {"dp", "ddp", "ddp_dali", "fsdp"}
+    assert {c.args[c.args.index("--mode") + 1] for c in extra} == {"dp", "ddp", "ddp_dali", "fsdp", "pp"}
+    assert names["2 GPUs: pp --resume (gathered checkpoint)"].kind == "resume"
+    assert ("env.world_size", 2) in names["2 GPUs: pp, 2 stages over NCCL"].expect
     assert by_name(gpu_check.plan(8, dali=True, nsys=True, pytest_ok=True)).keys() == by_name(two).keys()
 
 
@@ -165,6 +168,9 @@ def alive(pid) -> bool:
 def test_the_tests_it_leaves_out_are_the_ones_its_own_checks_repeat():
     source = (ROOT / "tests" / "test_gpu.py").read_text()
     assert f"def {gpu_check.ONE_GPU_MODES_TEST}(" in source
+    from tests.test_gpu import MODES  # every mode that test runs at 1 GPU is a check of its own
+    trains = [c for c in gpu_check.plan(1, dali=True, nsys=True, pytest_ok=True) if c.kind == "train"]
+    assert {m[0] for m in MODES} <= {c.args[c.args.index("--mode") + 1] for c in trains}
 
 
 @pytest.mark.parametrize("gpus", [1, 2])

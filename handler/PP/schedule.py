@@ -30,6 +30,8 @@ def require_pipelining() -> None:
     if PipelineStage is None or version < (2, 6):
         raise UserError(f"--mode pp needs torch.distributed.pipelining from torch 2.6 or newer; "
                         f"this is torch {torch.__version__}: upgrade torch")
+    from .old_torch import patch_batch_p2p
+    patch_batch_p2p()
 
 
 if PipelineStage is not None:
@@ -94,7 +96,7 @@ class Pipeline:
     """What the pp step and evaluation drive: this rank's stage, its schedule, its peers."""
 
     def __init__(self, module: StageModule, index: int, stages: int, device, microbatches: int,
-                 schedule: str, batch_size: int, in_shape, out_shape):
+                 schedule: str, batch_size: int, in_shape, out_shape, channels_last: bool = False):
         self.module, self.index, self.stages = module, index, stages
         self.first, self.last = index == 0, index == stages - 1
         self.microbatches, self.device = microbatches, device
@@ -105,7 +107,11 @@ class Pipeline:
         in_dtype = torch.float32 if self.first else self.wire_dtype
         out_dtype = torch.float32 if self.last else self.wire_dtype
         # Activations between stages carry gradients back; the images and logits do not.
-        example_in = torch.empty((mb, *in_shape), dtype=in_dtype, device="meta", requires_grad=not self.first)
+        # The loop hands the first stage channels_last images under --channels-last; the
+        # stage's example must have their strides (torch 2.6-2.11 compare them every step).
+        in_format = torch.channels_last if channels_last and self.first else torch.contiguous_format
+        example_in = torch.empty((mb, *in_shape), dtype=in_dtype, device="meta", requires_grad=not self.first,
+                                 memory_format=in_format)
         example_out = torch.empty((mb, *out_shape), dtype=out_dtype, device="meta", requires_grad=not self.last)
         self.stage = TracedStage(module, index, stages, device, input_args=example_in, output_args=example_out)
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
@@ -147,7 +153,7 @@ def autocast_factory(amp: str, device):
 
 
 def model_to_pipeline(model, *, microbatches: int, schedule: str, batch_size: int, amp: str,
-                      verbose: bool = True) -> Pipeline:
+                      channels_last: bool = False, verbose: bool = True) -> Pipeline:
     """Keep this rank's stage of `model` (pruned in place: the optimizer and checkpoints
     then see only its parameters) and build its pipeline. Rank r runs stage r."""
     require_pipelining()
@@ -166,4 +172,5 @@ def model_to_pipeline(model, *, microbatches: int, schedule: str, batch_size: in
     out_shape = (num_classes,) if last else shapes[units[-1]]
     wire = torch.bfloat16 if amp == "bf16" else torch.float32
     module = StageModule(model, units, first, last, autocast_factory(amp, device), wire)
-    return Pipeline(module, index, stages, device, microbatches, schedule, batch_size, in_shape, out_shape)
+    return Pipeline(module, index, stages, device, microbatches, schedule, batch_size, in_shape, out_shape,
+                    channels_last)

@@ -11,6 +11,6 @@ from .step import evaluate_pipeline, pipeline_step
 def pipeline_strategy(cfg) -> Strategy:
     require_pipelining()
     wrap = partial(model_to_pipeline, microbatches=cfg.microbatches, schedule=cfg.pp_schedule,
-                   batch_size=cfg.batch_size, amp=cfg.amp)
+                   batch_size=cfg.batch_size, amp=cfg.amp, channels_last=cfg.channels_last)
     return Strategy(wrap=wrap, make_loaders=get_PP_loader, state=PipelineState(),
                     step=pipeline_step, evaluate=evaluate_pipeline)

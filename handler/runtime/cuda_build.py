@@ -35,9 +35,14 @@ def _smi(*args: str, smi: str = "nvidia-smi") -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
+def smi_gpu_list(smi: str = "nvidia-smi") -> str:
+    """`nvidia-smi -L`: a line per GPU ("GPU 0: <name> (UUID: GPU-...)"), then its MIG devices."""
+    return _smi("-L", smi=smi)
+
+
 def smi_gpu_count(smi: str = "nvidia-smi") -> int:
     """GPUs the driver lists (all of them: nvidia-smi ignores CUDA_VISIBLE_DEVICES)."""
-    return sum(line.startswith("GPU ") for line in _smi("-L", smi=smi).splitlines())
+    return sum(line.startswith("GPU ") for line in smi_gpu_list(smi).splitlines())
 
 
 def driver_cuda_version(smi: str = "nvidia-smi") -> Optional[Tuple[int, int]]:

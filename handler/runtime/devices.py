@@ -32,16 +32,36 @@ def gpus_hidden() -> bool:
     return os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
 
 
+def unknown_visible_device(variable, smi_listing: str) -> str:
+    """The CUDA_VISIBLE_DEVICES entry that hides every GPU, or "". CUDA reads the list up to
+    its first entry that names no device, so a wrong first entry leaves none visible. An
+    entry is an index or a (prefix of a) GPU-/MIG- UUID from `nvidia-smi -L`."""
+    if variable is None or variable.strip() in ("", "-1"):
+        return ""
+    first = variable.split(",")[0].strip()
+    indices = [line for line in smi_listing.splitlines() if line.startswith("GPU ")]
+    if first.isdigit():
+        return "" if int(first) < len(indices) else first
+    uuids = [part.split(")")[0].strip() for part in smi_listing.split("UUID:")[1:]]
+    return "" if first and any(uuid.startswith(first) for uuid in uuids) else first
+
+
 def require_usable_gpus() -> int:
     """The usable GPU count; a machine whose NVIDIA GPUs this torch cannot use stops
     here, instead of training for hours on the CPU with GPU defaults."""
     count = cuda_status()[0]
     if count or gpus_hidden():
         return count
-    from .cuda_build import driver_cuda_version, install_hint, smi_gpu_count
+    from .cuda_build import driver_cuda_version, install_hint, smi_gpu_count, smi_gpu_list
     listed = smi_gpu_count()
     if not listed:
         return 0
+    wrong = unknown_visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), smi_gpu_list())
+    if wrong:
+        indices = "0" if listed == 1 else f"0-{listed - 1}"
+        raise UserError(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} hides every GPU: {wrong!r} is none "
+                        f"of the {listed} that nvidia-smi -L lists (index {indices} or its UUID), so torch sees "
+                        "none; name one of them, or unset CUDA_VISIBLE_DEVICES")
     import torch
     driver = driver_cuda_version()
     driver_text = f"a CUDA {driver[0]}.{driver[1]} driver" if driver else "a driver whose CUDA version nvidia-smi did not report"

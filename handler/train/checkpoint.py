@@ -22,15 +22,24 @@ def rng_state() -> dict:
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> str:
+    """Restore every generator; returns a note when the checkpoint holds the states of more
+    GPUs than are visible (a resume on fewer GPUs): those are dropped."""
     random.setstate(state["python"])
     torch.set_rng_state(_byte_tensor(state["torch"]))
     n = state["numpy"]
     keys = n["keys"]
     keys = np.frombuffer(keys, dtype=np.uint32) if isinstance(keys, bytes) else keys.cpu().numpy().astype(np.uint32)
     np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["gauss"]))
-    if "cuda" in state and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state_all([_byte_tensor(s) for s in state["cuda"]])
+    if "cuda" not in state or not torch.cuda.is_initialized():
+        return ""
+    saved, visible = state["cuda"], torch.cuda.device_count()
+    for i, saved_state in enumerate(saved[:visible]):
+        torch.cuda.set_rng_state(_byte_tensor(saved_state), i)
+    if len(saved) <= visible:
+        return ""
+    return (f"the checkpoint holds random states for {len(saved)} GPUs but {visible} are visible: "
+            f"the last {len(saved) - visible} are dropped")
 
 
 def _bytes(t: torch.Tensor) -> bytes:

@@ -21,6 +21,7 @@ from .divergence import Diverged, DivergenceGuard, parameters_finite
 from ..runtime.errors import UserError
 from .loop import Step, evaluate, train_epoch
 from .metrics import MetricsFile, environment
+from .optimizer import build_sgd, settle
 from .model_options import checkpoint_stages
 from .strategy import Strategy
 from ..runtime.nvtx import nvtx_mark, nvtx_range
@@ -80,8 +81,7 @@ def fit(cfg, strategy: Strategy) -> dict:
     # Wrap first: FSDP replaces the parameters with shards, and the optimizer (and any
     # restored state) must see the ones that train. DDP and DP keep the same tensors.
     model = strategy.wrap(raw)
-    optimizer = torch.optim.SGD(raw.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                nesterov=True, weight_decay=cfg.weight_decay)
+    optimizer, optimizer_note = build_sgd(cfg, raw.parameters(), device, scaler_enabled=cfg.amp == "fp16")
     loaders = strategy.make_loaders(cfg, splits)
     if len(loaders.train) == 0:
         raise UserError(f"{len(splits.train[1])} training images give no full batch of {cfg.local_batch} "
@@ -89,10 +89,11 @@ def fit(cfg, strategy: Strategy) -> dict:
     scheduler = warmup_cosine(optimizer, len(loaders.train), cfg.epochs)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
 
-    start_epoch, start_step, best_acc, history = 0, 0, -1.0, []
+    start_epoch, start_step, best_acc, history, resume_notes = 0, 0, -1.0, [], ()
     if cfg.resume is not None:
-        start_epoch, start_step, best_acc, history = _restore(
+        start_epoch, start_step, best_acc, history, resume_notes = _restore(
             cfg, strategy, len(splits.classes), raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    settle(optimizer)
 
     step = Step(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
@@ -102,7 +103,10 @@ def fit(cfg, strategy: Strategy) -> dict:
     if strategy.evaluate:  # the mode evaluates through its wrapper (pp: stage after stage)
         evaluate_on = partial(strategy.evaluate, model, device=device, autocast=step.autocast)
     save = partial(_save, cfg, strategy.state, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    notes = strategy.notes
+    notes = strategy.notes + resume_notes
+    if optimizer_note:
+        notes += (optimizer_note,)
+        rank0.say(cfg, f"warning: {optimizer_note}", err=True)
     if cfg.amp == "bf16" and device.type == "cpu":
         note = bf16_note()
         if note:
@@ -156,16 +160,19 @@ def fit(cfg, strategy: Strategy) -> dict:
 
 
 def _restore(cfg, strategy, num_classes, *, raw, optimizer, scheduler, scaler):
-    """Load every piece of state from the resume checkpoint; returns where to continue."""
+    """Load every piece of state from the resume checkpoint; returns where to continue
+    and the notes for the metrics."""
     path = resume_path(cfg)
     ckpt = load_checkpoint(path, torch.device(cfg.device))
     check_compatible(ckpt, cfg, num_classes, path)
     strategy.state.restore(ckpt, path, raw, optimizer)
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
-    set_rng_state(ckpt["rng"])
+    dropped = set_rng_state(ckpt["rng"])
+    if dropped:
+        rank0.say(cfg, f"note: {dropped}", err=True)
     rank0.say(cfg, f"resumed from {path} at epoch {ckpt['epoch'] + 1}, step {ckpt['step']}")
-    return ckpt["epoch"], ckpt["step"], ckpt["best_acc"], list(ckpt["history"])
+    return ckpt["epoch"], ckpt["step"], ckpt["best_acc"], list(ckpt["history"]), (dropped,) if dropped else ()
 
 
 def _epoch_record(epoch, train, val, first_step) -> dict:
@@ -179,11 +186,16 @@ def _epoch_record(epoch, train, val, first_step) -> dict:
 
 
 def check_compatible(ckpt: dict, cfg, num_classes: int, path: str) -> None:
-    """Resuming into another model or class count fails in one line; world size may change."""
+    """Resuming into another model or class count, or into fp16 from a run without its
+    GradScaler state, fails in one line; world size may change."""
     saved = ckpt.get("config", {}).get("model")
     if saved != cfg.model:
         raise UserError(f"{path} holds a {saved} but --model is {cfg.model}; "
                         f"pass --model {saved} or another checkpoint")
+    saved_amp = ckpt.get("config", {}).get("amp", "off")
+    if cfg.amp == "fp16" and not ckpt.get("scaler"):
+        raise UserError(f"{path} was saved with --amp {saved_amp}, so it holds no GradScaler state for "
+                        f"--amp fp16; resume with --amp {saved_amp}, or start afresh without --resume")
     head = [v for k, v in ckpt.get("model", {}).items() if k.endswith("head.weight")]
     if head and head[0].shape[0] != num_classes:
         raise UserError(f"{path} was trained on {head[0].shape[0]} classes but the dataset has "
