@@ -1,0 +1,159 @@
+# The network of scripts/cluster.sh: a "switch" namespace holding a bridge, and one
+# namespace set (net, UTS, mount) per host, each joined to the bridge by a veth pair.
+# Nothing is created in the root namespace. Sourced, never run.
+
+# =============================================================================
+# Holders: one `sleep infinity` per host anchors its namespaces. It sets the host up
+# from the inside first (hostname, loopback, /etc/hosts, an empty cgroup tree), then
+# says it is ready. Its record holds its pid, start time and namespace ids.
+# =============================================================================
+HOLDER_SETUP='set -e
+if [ "$1" != switch ]; then
+    echo "$1" > /proc/sys/kernel/hostname
+    # slurmd 22.05 always loads a cgroup plugin; an empty tmpfs keeps it out of the host tree
+    mount -t tmpfs -o mode=755 cluster-cgroup /sys/fs/cgroup
+    mount --bind "$2" /etc/hosts
+fi
+ip link set lo up
+[ "$1" != switch ] || { ip link add br0 type bridge; ip link set br0 up; }
+echo ready > "$3"
+exec sleep infinity'
+
+start_holder() {  # NAME (switch, head, nodeK)
+    local name=$1 ready=$STATE/run/holder-$1.ready pid i
+    rm -f "$ready"
+    # --propagation slave: later host mounts still appear inside; ours never leak out
+    setsid unshare --net --uts --mount --propagation slave sh -c "$HOLDER_SETUP" sh \
+        "$name" "$STATE/hosts" "$ready" </dev/null >"$STATE/log/holder-$name.log" 2>&1 9>&- &
+    pid=$!
+    for ((i = 0; i < 100; i++)); do
+        [ -f "$ready" ] && break
+        [ -d "/proc/$pid" ] || die "$name did not start: $(tail -n 3 "$STATE/log/holder-$name.log" | tr '\n' ' ')"
+        sleep 0.05
+    done
+    [ -f "$ready" ] || die "$name did not get ready in 5 s (log: $STATE/log/holder-$name.log)"
+    echo "$pid $(start_time "$pid") $(readlink "/proc/$pid/ns/net") $(readlink "/proc/$pid/ns/mnt")" \
+        > "$STATE/run/holder-$name.pid"
+}
+
+in_ns() {  # NAME CMD...: run CMD in NAME's network namespace only (ip, tc, bridge)
+    local pid
+    pid=$(holder "$1") || die "$1 is not running; see scripts/cluster.sh status"
+    nsenter --target "$pid" --net -- "${@:2}"
+}
+
+enter() {  # NAME CMD...: exec CMD in all of NAME's namespaces, in the caller's folder
+    local pid
+    pid=$(holder "$1") || die "$1 is not running (see scripts/cluster.sh status)"
+    exec nsenter --target "$pid" --net --uts --mount --wd="$PWD" -- "${@:2}"
+}
+
+# =============================================================================
+# Hosts and links
+# =============================================================================
+write_hosts() {
+    {
+        echo "127.0.0.1 localhost"
+        echo "::1 localhost ip6-localhost ip6-loopback"
+        echo "$HEAD_ADDR head"
+        for name in $(nodes); do echo "$(node_addr "$name") $name"; done
+    } > "$STATE/hosts"
+}
+
+connect() {  # NAME: a veth pair, switch port NAME <-> $IFNAME inside NAME, and its address
+    local pid
+    pid=$(holder "$1")
+    in_ns switch ip link add "$1" type veth peer name "$IFNAME" netns "$pid"
+    in_ns switch ip link set "$1" master br0 up
+    in_ns "$1" ip addr add "$(node_addr "$1")/24" dev "$IFNAME"
+    in_ns "$1" ip link set "$IFNAME" up
+}
+
+boot() {  # NAME: namespaces, hostname, /etc/hosts, link
+    start_holder "$1"
+    connect "$1"
+    say "$1 is up: $(node_addr "$1") on $IFNAME (holder pid $(holder "$1"))"
+}
+
+net_up() {  # N
+    mkdir -p "$STATE/run" "$STATE/log"
+    echo "$1" > "$STATE/nodes"
+    write_hosts
+    say "starting the switch (a bridge in its own namespace)"
+    start_holder switch
+    local name
+    for name in head $(nodes); do boot "$name"; done
+}
+
+# =============================================================================
+# Faults: a cut link drops every frame at the switch port (the host keeps its
+# carrier and its processes, as behind a failed switch); power-off cuts the link,
+# then SIGKILLs everything on the host, so no FIN or RST ever leaves it.
+# =============================================================================
+link_state() {  # NAME -> up | cut | off
+    holder "$1" >/dev/null || { echo off; return; }
+    if in_ns switch bridge link show dev "$1" | grep -q "state forwarding"; then echo up; else echo cut; fi
+}
+
+cut_link() { in_ns switch bridge link set dev "$1" state 0; }      # 0: disabled
+restore_link() { in_ns switch bridge link set dev "$1" state 3; }  # 3: forwarding
+
+require_host() {  # NAME: one of head, node1..N
+    local name
+    for name in head $(nodes); do [ "$1" = "$name" ] && return 0; done
+    EXIT_CODE=2 die "no host named '$1'; the hosts are: head $(nodes | tr '\n' ' ')"
+}
+
+# =============================================================================
+# Shaping: the same limits on both directions of a host's link, as egress limits on
+# $IFNAME inside the host (host -> switch) and on its switch port (switch -> host).
+# Rate needs tbf; delay needs netem, which some kernels lack: then the rate is still
+# applied, the missing delay is said loudly and recorded in run/shape-NAME.
+# =============================================================================
+rate_bits() {  # 50mbit | 1gbit | 500kbit | 50 (Mbit/s) -> bits per second
+    local v=${1,,} n unit
+    [[ $v =~ ^([0-9]+(\.[0-9]+)?)([kmg]?)(bit)?$ ]] || EXIT_CODE=2 die "--rate $1: use e.g. 50mbit, 1gbit, 500kbit"
+    n=${BASH_REMATCH[1]}; unit=${BASH_REMATCH[3]}
+    [ -n "$unit" ] || [ -z "${BASH_REMATCH[4]}" ] || unit=b
+    awk -v n="$n" -v u="${unit:-m}" 'BEGIN {m = (u == "k") ? 1e3 : (u == "m") ? 1e6 : (u == "g") ? 1e9 : 1; printf "%d", n * m}'
+}
+
+delay_ms() {  # 0.5ms | 2 (ms) -> milliseconds
+    [[ ${1,,} =~ ^([0-9]+(\.[0-9]+)?)(ms)?$ ]] || EXIT_CODE=2 die "--delay $1: use milliseconds, e.g. 0.5ms or 2"
+    echo "${BASH_REMATCH[1]}"
+}
+
+shape_dev() {  # NS DEV BITS DELAY_MS -> the delay actually applied
+    local ns=$1 dev=$2 bits=$3 delay=$4 burst
+    burst=$(( bits / 8 / 100 > 16000 ? bits / 8 / 100 : 16000 ))  # 10 ms of traffic, at least 16 kB
+    if [ "$delay" != 0 ] && in_ns "$ns" tc qdisc replace dev "$dev" root netem delay "${delay}ms" rate "$bits" \
+        limit 100000 2>/dev/null; then
+        echo "$delay"
+        return
+    fi
+    in_ns "$ns" tc qdisc replace dev "$dev" root tbf rate "$bits" burst "$burst" latency 200ms
+    echo 0
+}
+
+shape() {  # NAME BITS DELAY_MS
+    local applied
+    applied=$(shape_dev "$1" "$IFNAME" "$2" "$3")
+    shape_dev switch "$1" "$2" "$3" >/dev/null
+    echo "rate_bit=$2 delay_ms=$3 applied_delay_ms=$applied" > "$STATE/run/shape-$1"
+    if [ "$applied" != "$3" ]; then
+        warn "$1: rate $2 bit/s applied, but NOT the delay of $3 ms: this kernel has no netem (CONFIG_NET_SCH_NETEM)"
+        echo "note=netem-missing" >> "$STATE/run/shape-$1"
+    fi
+    say "$1: both directions shaped to $2 bit/s, delay ${applied} ms each way"
+}
+
+shape_summary() {  # NAME -> its recorded shaping, or -
+    if [ -f "$STATE/run/shape-$1" ]; then tr '\n' ' ' < "$STATE/run/shape-$1"; else echo -; fi
+}
+
+unshape() {  # NAME
+    in_ns "$1" tc qdisc del dev "$IFNAME" root 2>/dev/null || true
+    in_ns switch tc qdisc del dev "$1" root 2>/dev/null || true
+    rm -f "$STATE/run/shape-$1"
+    say "$1: shaping removed"
+}
