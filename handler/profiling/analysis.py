@@ -21,6 +21,8 @@ BATCH = re.compile(r"batch \d+")
 
 def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     ranks = [_rank(p, trace) for p in trace.processes]
+    for rank in ranks:  # profiles without host marks: the metrics JSON's env.hosts, if given
+        rank["host"] = rank["host"] or ((metrics or {}).get("env") or {}).get("hosts", {}).get(str(rank["rank"]))
     for rank, stage in zip(ranks, pipeline_stats(trace.processes, trace.gpu)):  # pp runs only; else None
         rank["pipeline"] = stage
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,
@@ -45,7 +47,7 @@ def _rank(process: Process, trace: Trace) -> dict:
                          pipeline_threads(process, trace.thread_names)) if gpu is not None else None
     gpus = device_map(process.pid, gpu_view["devices"] if gpu_view else (), trace.cuda_devices)
     return {
-        "rank": process.rank, "pid": process.pid,
+        "rank": process.rank, "pid": process.pid, "host": process.host,
         "epochs": [{"epoch": e, "time_s": r.seconds} for e, r in epochs],
         "batches": _batch_stats([b.seconds for b in batches]),
         "phases": {name: {"count": phase_time[name][0], "total_s": phase_time[name][1],

@@ -104,8 +104,8 @@ def _is_nccl(activity) -> bool:
     return bool(activity.name) and NCCL in activity.name.lower()
 
 
-def markdown_lines(ranks: list[dict]) -> list[str]:
-    """The report's pipeline section; empty for runs without pp ranges."""
+def markdown_lines(ranks: list[dict], who=lambda r: str(r["rank"])) -> list[str]:
+    """The report's pipeline section; empty for runs without pp ranges. `who` names a rank."""
     rows = [r["pipeline"] for r in ranks if r.get("pipeline")]
     if not rows:
         return []
@@ -121,7 +121,7 @@ def markdown_lines(ranks: list[dict]) -> list[str]:
         if p:
             cpu = p.get("cpu_ranges")
             also = (lambda k: f" ({pct(cpu[k])})") if cpu else (lambda k: "")  # noqa: E731
-            lines.append(f"| {r['rank']} | {p['stage']} | {p['source']} | {pct(p['busy_share'])}{also('busy_share')} | "
+            lines.append(f"| {who(r)} | {p['stage']} | {p['source']} | {pct(p['busy_share'])}{also('busy_share')} | "
                          f"{pct(p['bubble_share'])}{also('bubble_share')} | {pct(p['theoretical_bubble_share'])} | "
                          f"{pct(p['wait_share'])}{also('wait_share')} |")
     notes = sorted({p["note"] for p in rows if p.get("note")})

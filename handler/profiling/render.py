@@ -48,7 +48,7 @@ def markdown(summary: dict, title: str) -> str:
                        *(LABELS.get(p, p) for p in PHASES), "other"],
                       [_batch_row(r) for r in ranks])
     lines += _section("Outside training batches (count / s)", None, ["rank", *OUTSIDE_TRAINING],
-                      [[str(r["rank"]), *(_count_time(r["outside_training"][n]) for n in OUTSIDE_TRAINING)]
+                      [[who(r), *(_count_time(r["outside_training"][n]) for n in OUTSIDE_TRAINING)]
                        for r in ranks])
     if summary["gpu_trace"]:
         lines += _section("GPU", "Idle, data-stall and data (GPU) are shares of the GPUs' time inside training "
@@ -56,18 +56,18 @@ def markdown(summary: dict, title: str) -> str:
                           "the input pipeline's own GPU work (DALI's operators, nvJPEG).",
                           ["rank", "devices", "kernels", "kernel s", "idle", "data-stall", "data (GPU)",
                            "nccl share of kernel time"],
-                          [_gpu_row(r["rank"], r["gpu"]) for r in ranks])
+                          [_gpu_row(who(r), r["gpu"]) for r in ranks])
         lines += _section("GPU time per phase (s)", "Kernels, copies and memsets, by the phase whose range was "
                           "open on the launching thread when the CUDA call started; data (GPU) is work the "
                           "input pipeline launched from its own threads or in its own kernels.",
                           ["rank", *(GPU_LABELS.get(p, p) for p in GPU_PHASES), "unattributed"],
-                          [[str(r["rank"]), *(num(r["gpu"]["phase_kernel_s"][p], 3) for p in GPU_PHASES),
+                          [[who(r), *(num(r["gpu"]["phase_kernel_s"][p], 3) for p in GPU_PHASES),
                             num(r["gpu"]["unattributed_s"], 3)] for r in ranks])
     else:
         lines += ["## GPU", "", f"{NA}: no CUDA activity in this report (CPU-only run).", ""]
     lines += _comm_sections(summary)
     lines += _metrics_section(ranks, summary.get("gpu_metrics_mapping"))
-    lines += markdown_lines(ranks)
+    lines += markdown_lines(ranks, who)
     if summary.get("metrics_comparison") is not None:
         lines += _section("nsys vs metrics JSON (epoch time, first rank)",
                           None if summary["metrics_comparison"] else "No epoch appears in both.",
@@ -75,6 +75,11 @@ def markdown(summary: dict, title: str) -> str:
                           [[str(c["epoch"]), num(c["nsys_s"], 3), num(c["metrics_s"], 3), pct(c["diff_share"])]
                            for c in summary["metrics_comparison"]])
     return "\n".join(lines)
+
+
+def who(rank: dict) -> str:
+    """A rank as the per-rank tables name it: its number, and its host when known."""
+    return f"{rank['rank']} ({rank['host']})" if rank.get("host") else str(rank["rank"])
 
 
 def _section(title: str, note: str | None, header: list[str], rows: list[list[str]]) -> list[str]:
@@ -88,13 +93,13 @@ def _section(title: str, note: str | None, header: list[str], rows: list[list[st
 def _epoch_table(ranks: list[dict]) -> tuple[list[str], list[list[str]]]:
     times = [{e["epoch"]: e["time_s"] for e in r["epochs"]} for r in ranks]
     epochs = sorted(set().union(*times))
-    return (["epoch", *(f"rank {r['rank']}" for r in ranks)],
+    return (["epoch", *(f"rank {who(r)}" for r in ranks)],
             [[str(e), *(num(t.get(e)) for t in times)] for e in epochs])
 
 
 def _batch_row(rank: dict) -> list[str]:
     b = rank["batches"]
-    return [str(rank["rank"]), str(b["count"]), *(num(b[k], 1) for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")),
+    return [who(rank), str(b["count"]), *(num(b[k], 1) for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")),
             *(pct(rank["phases"][p]["share"]) for p in PHASES), pct(rank["other_share"])]
 
 
@@ -102,8 +107,8 @@ def _count_time(totals: dict) -> str:
     return f"{totals['count']} / {num(totals['total_s'])}"
 
 
-def _gpu_row(rank: int, gpu: dict) -> list[str]:
-    return [str(rank), ",".join(map(str, gpu["devices"])) or NA, str(gpu["kernels"]),
+def _gpu_row(rank: str, gpu: dict) -> list[str]:
+    return [rank, ",".join(map(str, gpu["devices"])) or NA, str(gpu["kernels"]),
             num(gpu["kernel_time_s"]), pct(gpu["idle_share"]), pct(gpu["data_stall_share"]),
             pct(gpu["data_gpu_share"]), pct(gpu["nccl_share"])]
 
@@ -115,7 +120,7 @@ def _comm_sections(summary: dict) -> list[str]:
     lines = _section("Communication", "Comm is the union of all-reduce time inside batches; overlap is the part "
                      "hidden behind compute, exposed the rest.",
                      ["rank", "source", "buckets", "comm s", "share of batch time", "overlapped", "exposed s"],
-                     [[str(r["rank"]), r["comm"]["source"], str(r["comm"]["buckets"]), num(r["comm"]["seconds"], 3),
+                     [[who(r), r["comm"]["source"], str(r["comm"]["buckets"]), num(r["comm"]["seconds"], 3),
                        pct(r["comm"]["share"]), pct(r["comm"]["overlap_share"]), num(r["comm"]["exposed_s"], 3)]
                       for r in ranks])
     s = summary.get("stragglers")
@@ -133,7 +138,7 @@ METRIC_COLUMNS = ("sm_active_pct", "sm_issue_pct", "warps_in_flight_pct", "dram_
 
 
 def _metrics_section(ranks: list[dict], mapping: str | None) -> list[str]:
-    rows = [[str(r["rank"]), f"{gpu} ({_cuda_of(r, gpu)})", *(_mean_p95(values.get(k)) for k in METRIC_COLUMNS)]
+    rows = [[who(r), f"{gpu} ({_cuda_of(r, gpu)})", *(_mean_p95(values.get(k)) for k in METRIC_COLUMNS)]
             for r in ranks for gpu, values in (r.get("gpu_metrics") or {}).items()]
     clean = mapping == "TARGET_INFO_CUDA_DEVICE"
     if not rows and (clean or mapping is None):

@@ -16,6 +16,7 @@ from handler.runtime.errors import UserError
 from .gpu_metrics import MetricSample, load_metric_samples
 
 RANK_MARK = re.compile(r"rank (\d+)")
+HOST_MARK = re.compile(r"host (\S+)")
 EPOCH = re.compile(r"epoch (\d+)")
 KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
 TRANSFERS = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
@@ -40,6 +41,7 @@ class Process:
     pid: int
     rank: int
     ranges: tuple[Range, ...]
+    host: str | None = None  # from its 'host NAME' mark; None in profiles without one
 
 
 @dataclass(frozen=True)
@@ -109,19 +111,22 @@ def _nvtx_query(db, tables) -> str:
 
 def _processes(events) -> tuple[tuple[Process, ...], str]:
     """Group ranges by process; ranks come from 'rank N' marks, else from pid order."""
-    ranges, marks = {}, {}
+    ranges, marks, hosts = {}, {}, {}
     for start, end, text, tid in events:
         pid = _pid(tid)
         if end is None:  # a mark
             found = RANK_MARK.fullmatch(text or "")
             if found:
                 marks[pid] = int(found.group(1))
+            found = HOST_MARK.fullmatch(text or "")
+            if found:
+                hosts[pid] = found.group(1)
         elif text:
             ranges.setdefault(pid, []).append(Range(text, start, end, tid))
     trainers = set(marks) | {pid for pid, rs in ranges.items() if any(EPOCH.fullmatch(r.name) for r in rs)}
     by_mark = all(pid in marks for pid in trainers) and len(set(marks.values())) == len(marks)
     rank_of = marks if by_mark else {pid: r for r, pid in enumerate(sorted(trainers))}
-    processes = sorted((Process(pid, rank_of[pid], tuple(ranges.get(pid, ()))) for pid in trainers),
+    processes = sorted((Process(pid, rank_of[pid], tuple(ranges.get(pid, ())), hosts.get(pid)) for pid in trainers),
                        key=lambda p: p.rank)
     return tuple(processes), "nvtx mark" if by_mark else "pid order"
 

@@ -3,6 +3,8 @@
 Process setup and teardown live in handler/DDP/utils.py; this module only holds the
 collectives the shared loop needs.
 """
+import socket
+
 import torch
 import torch.distributed as tdist
 
@@ -38,6 +40,19 @@ def all_reduce_max(value: int) -> int:
 
 
 _CPU_GROUP = None
+HOSTS = {}  # rank -> hostname, once hostnames() ran: for naming a lost peer's host
+
+
+def hostnames() -> dict:
+    """{rank: hostname} of every rank; a collective, so every rank calls it at the same point."""
+    me = socket.gethostname()
+    if not active():
+        HOSTS.update({0: me})
+        return dict(HOSTS)
+    names = [None] * tdist.get_world_size()
+    tdist.all_gather_object(names, me, group=cpu_group())
+    HOSTS.update(enumerate(names))
+    return dict(HOSTS)
 
 
 def cpu_group():
@@ -53,6 +68,7 @@ def forget_groups() -> None:
     """Called when the process group is destroyed."""
     global _CPU_GROUP
     _CPU_GROUP = None
+    HOSTS.clear()
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:
