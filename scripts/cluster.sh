@@ -91,7 +91,7 @@ teardown() {  # [quiet]: end every recorded daemon, then every process of every 
             power_off "$name"
         fi
     done
-    rm -rf "$STATE/run" "$STATE/etc" "$STATE/spool" "$STATE/munge" "$STATE/hosts" "$STATE/nodes"
+    rm -rf "$STATE/run" "$STATE/etc" "$STATE/spool" "$STATE/munge" "$STATE/hosts" "$STATE/hosts.resolv" "$STATE/nodes"
     [ "${1:-}" = quiet ] || say "down: no namespace, process or mount of the cluster is left (logs: $STATE/log)"
 }
 
@@ -169,6 +169,7 @@ cmd_fault() {  # partition|heal|kill HOST
             local count
             count=$(node_members "$2" | wc -l)
             power_off "$2"
+            unplug "$2"
             rm -f "$STATE/run/slurmd-$2.pid" "$STATE/run/shape-$2"
             say "$2 powered off: $((count - 1)) process(es) SIGKILLed, link gone; heal $2 boots it" ;;
     esac

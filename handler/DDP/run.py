@@ -1,13 +1,16 @@
 """The DDP modes' entry: start (or join) the ranks, then train with the shared loop."""
 import dataclasses
 import os
+import socket
 
 from ..runtime import dist, rank0
 from ..modes import validate
 from ..data.dataset import data_lock, prepare_dataset
 from ..runtime.errors import one_line_errors
 from ..train.trainer import fit
-from .utils import destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, run_process
+from . import peers
+from .utils import (destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, run_process,
+                    store_address)
 
 
 def run(cfg, strategy) -> None:
@@ -18,7 +21,7 @@ def run(cfg, strategy) -> None:
 
 
 def worker(proc_id: int, cfg, strategy) -> None:
-    with one_line_errors(f"rank {proc_id}"):
+    with one_line_errors(f"rank {os.environ.get('RANK', proc_id)} ({socket.gethostname()})"):
         if launched_by_torchrun():
             cfg = _torchrun_preparation(cfg)
         me = initialize_group(proc_id, cfg.host, cfg.port, cfg.num_gpu,
@@ -26,8 +29,9 @@ def worker(proc_id: int, cfg, strategy) -> None:
         try:
             cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))
             validate(cfg)  # torchrun may have chosen a world size the command line did not
-            fit(cfg, strategy)
-            dist.barrier()  # no rank tears the group down while a peer still uses it
+            with peers.watch(*store_address(cfg), me.rank, me.world_size, cfg.dist_timeout):
+                fit(cfg, strategy)
+                dist.barrier()  # no rank tears the group down while a peer still uses it
         finally:
             destroy_process()
 

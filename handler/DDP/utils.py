@@ -95,11 +95,19 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
         threads = os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // local_world
         torch.set_num_threads(max(1, int(threads)))
         device, backend = "cpu", "gloo"
+    dist.set_timeout(datetime.timedelta(seconds=timeout_s))
     tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                              timeout=datetime.timedelta(seconds=timeout_s),
                              device_id=torch.device(device) if use_cuda else None)
     tdist.barrier()
     return Rank(rank=rank, local_rank=local_rank, world_size=world, device=device, backend=backend)
+
+
+def store_address(cfg) -> tuple:
+    """Where the group's rendezvous store listens: torchrun's MASTER_ADDR:MASTER_PORT, else --host/--port."""
+    if launched_by_torchrun():
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return cfg.host, cfg.port
 
 
 def elastic_restart_count() -> int:

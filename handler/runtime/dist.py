@@ -40,6 +40,7 @@ def all_reduce_max(value: int) -> int:
 
 
 _CPU_GROUP = None
+_TIMEOUT = None  # the group's --dist-timeout; groups made here wait no longer than it
 HOSTS = {}  # rank -> hostname, once hostnames() ran: for naming a lost peer's host
 
 
@@ -55,12 +56,19 @@ def hostnames() -> dict:
     return dict(HOSTS)
 
 
+def set_timeout(timeout) -> None:
+    """Called with the process group's timeout (a timedelta) before it starts."""
+    global _TIMEOUT
+    _TIMEOUT = timeout
+
+
 def cpu_group():
     """A gloo group for small host-side exchanges, also when the main backend is NCCL.
     Created on first use, which every rank reaches at the same point."""
     global _CPU_GROUP
     if _CPU_GROUP is None:
-        _CPU_GROUP = tdist.new_group(backend="gloo")
+        # Without a timeout, new groups wait torch's default 30 minutes for a silent peer.
+        _CPU_GROUP = tdist.new_group(backend="gloo", timeout=_TIMEOUT)
     return _CPU_GROUP
 
 

@@ -13,6 +13,8 @@ if [ "$1" != switch ]; then
     # slurmd 22.05 always loads a cgroup plugin; an empty tmpfs keeps it out of the host tree
     mount -t tmpfs -o mode=755 cluster-cgroup /sys/fs/cgroup
     mount --bind "$2" /etc/hosts
+    # no nameserver (glibc then asks 127.0.0.1, inside the host): no lookup ever leaves
+    [ ! -e /etc/resolv.conf ] || mount --bind "$2.resolv" /etc/resolv.conf
 fi
 ip link set lo up
 [ "$1" != switch ] || { ip link add br0 type bridge; ip link set br0 up; }
@@ -58,20 +60,26 @@ write_hosts() {
         echo "$HEAD_ADDR head"
         for name in $(nodes); do echo "$(node_addr "$name") $name"; done
     } > "$STATE/hosts"
+    echo "# scripts/cluster.sh: no DNS inside the cluster; /etc/hosts names every host" > "$STATE/hosts.resolv"
 }
 
 connect() {  # NAME: a veth pair, switch port NAME <-> $IFNAME inside NAME, and its address
-    local pid
-    pid=$(holder "$1")
-    in_ns switch ip link add "$1" type veth peer name "$IFNAME" netns "$pid"
-    in_ns switch ip link set "$1" master br0 up
-    in_ns "$1" ip addr add "$(node_addr "$1")/24" dev "$IFNAME"
-    in_ns "$1" ip link set "$IFNAME" up
+    local pid  # a && chain: callers test its status, and set -e does not reach inside such calls
+    pid=$(holder "$1") &&
+        unplug "$1" &&  # a killed host's old port: its namespace may linger while orphaned sockets time out
+        in_ns switch ip link add "$1" type veth peer name "$IFNAME" netns "$pid" &&
+        in_ns switch ip link set "$1" master br0 up &&
+        in_ns "$1" ip addr add "$(node_addr "$1")/24" dev "$IFNAME" &&
+        in_ns "$1" ip link set "$IFNAME" up
 }
 
-boot() {  # NAME: namespaces, hostname, /etc/hosts, link
+unplug() {  # NAME: delete its switch port, and with it the other end of the pair
+    if in_ns switch ip link show dev "$1" >/dev/null 2>&1; then in_ns switch ip link del dev "$1"; fi
+}
+
+boot() {  # NAME: namespaces, hostname, /etc/hosts, link; a half-booted host is powered off again
     start_holder "$1"
-    connect "$1"
+    connect "$1" || { power_off "$1"; die "$1 could not be connected to the switch"; }
     say "$1 is up: $(node_addr "$1") on $IFNAME (holder pid $(holder "$1"))"
 }
 
