@@ -64,7 +64,8 @@ cmd_up() {
     fi
     teardown quiet  # whatever a crashed run left
     mkdir -p "$STATE/run" "$STATE/log"
-    trap 'warn "up failed; ending what it started"; teardown quiet' ERR
+    # EXIT, not ERR: a failed step ends in `die`, which exits without raising ERR.
+    trap 'warn "up failed; ending what it started"; teardown quiet' EXIT
     local started=$EPOCHREALTIME
     banner "Network: switch, head and $n node(s) on $SUBNET.0/24"
     net_up "$n"
@@ -74,7 +75,7 @@ cmd_up() {
         started=$EPOCHREALTIME
         slurm_up
     fi
-    trap - ERR
+    trap - EXIT
     banner "Ready"
     say "up in $(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}') s:" \
         "head + $n node(s)$([ "$net_only" = 1 ] && echo ", network only" || echo ", all idle in Slurm")"

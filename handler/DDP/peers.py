@@ -1,12 +1,17 @@
-"""Naming the peer a run lost: a collective that fails or times out says only that it did.
+"""A lost peer ends the run within --dist-timeout, and is named.
 
 Every rank beats a counter in the rendezvous store once a second, on a connection of its
-own. When a collective fails, the rank reads the counters twice, BEAT_S * 3 apart: the
-ranks whose counters stood still are the lost ones, and dist.HOSTS names their hosts.
-When the store itself does not answer, rank 0 (which serves it) or its host is lost.
+own, and watches its ring neighbours' counters. A neighbour silent for --dist-timeout is
+lost: this rank names it and exits, whatever collective it is blocked in (some block with
+no timeout of their own). A collective that fails first (a closed connection, a timeout) is
+turned into the same one line: the counters that stood still name the lost ranks, and
+dist.HOSTS their hosts. When the store itself does not answer, rank 0 (which serves it) or
+its host is lost.
 """
 import datetime
+import os
 import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -22,6 +27,7 @@ KEY = "harness/beat/{}"
 # What torch's gloo and NCCL errors say when a peer is gone or silent.
 COMM_FAILURE = ("Timed out", "timed out", "Connection", "connection", "closed by peer", "Broken pipe",
                 "NCCL", "Gloo", "gloo")
+_reported = threading.Event()  # one line per process, from the watcher or from the failed collective
 
 
 def _client(host: str, port: int):
@@ -35,22 +41,57 @@ def _client(host: str, port: int):
                           timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
 
 
-class Heartbeat:
-    def __init__(self, host: str, port: int, rank: int):
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(host, port, KEY.format(rank)),
-                                        name="harness-heartbeat", daemon=True)
-        self._thread.start()
+def describe(ranks) -> str:
+    return ", ".join(f"rank {r} ({dist.HOSTS.get(r, '?')})" for r in ranks)
 
-    def _beat(self, host, port, key):
-        store = None
+
+def store_lost(host: str, port: int, why: str) -> str:
+    gone = [r for r, h in sorted(dist.HOSTS.items()) if h == dist.HOSTS.get(0)] or [0]
+    return f"lost {describe(gone)}: the rendezvous store on {host}:{port} does not answer ({why})"
+
+
+class Heartbeat:
+    """Beats this rank's counter and watches its neighbours' (a thread; close() stops it)."""
+
+    def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float):
+        self.host, self.port, self.rank, self.timeout_s = host, port, rank, timeout_s
+        self.peers = sorted({(rank - 1) % world, (rank + 1) % world} - {rank})
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="harness-heartbeat", daemon=True).start()
+
+    def _run(self):
+        store, counts, silent_since = None, {}, None
+        heard = {p: time.monotonic() for p in self.peers}
         while not self._stop.wait(BEAT_S):
+            now = time.monotonic()
             try:
-                store = store or _client(host, port)
-                if store is not None:
-                    store.add(key, 1)
-            except Exception:  # noqa: BLE001 - unreachable for now: try again, a cut link may heal
-                store = None
+                store = store or _client(self.host, self.port)
+                if store is None:
+                    raise OSError("no store")
+                store.add(KEY.format(self.rank), 1)
+                for p in self.peers:
+                    count = store.add(KEY.format(p), 0)
+                    if counts.get(p) != count:
+                        counts[p], heard[p] = count, now
+                silent_since = None
+            except Exception:  # noqa: BLE001 - unreachable for now: a cut link may heal
+                store, silent_since = None, silent_since or now
+            limit = f"no heartbeat for --dist-timeout {self.timeout_s:g} s"
+            if silent_since is not None and now - silent_since > self.timeout_s:
+                self._give_up(store_lost(self.host, self.port, limit))
+            lost = [p for p in self.peers if now - heard[p] > self.timeout_s]
+            if silent_since is None and lost:
+                self._give_up(f"lost {describe(lost)}: {limit}")
+
+    def _give_up(self, message: str) -> None:
+        """The main thread may be blocked in C++ for good: say it here and end the process."""
+        if self._stop.is_set() or _reported.is_set():
+            return
+        _reported.set()
+        print(f"rank {self.rank} ({socket.gethostname()}): {message}; the other ranks stop too",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
 
     def close(self) -> None:
         self._stop.set()
@@ -70,10 +111,6 @@ def lost_ranks(host: str, port: int, rank: int, world: int):
     return [r for r in range(world) if r != rank and after[r] == before[r]]
 
 
-def describe(ranks) -> str:
-    return ", ".join(f"rank {r} ({dist.HOSTS.get(r, '?')})" for r in ranks)
-
-
 def is_comm_failure(err: BaseException) -> bool:
     return isinstance(err, tdist.DistError) or (
         isinstance(err, RuntimeError) and any(s in str(err) for s in COMM_FAILURE))
@@ -81,21 +118,20 @@ def is_comm_failure(err: BaseException) -> bool:
 
 @contextmanager
 def watch(host: str, port: int, rank: int, world: int, timeout_s: float):
-    """Beat while the block runs (and while probing: a peer probing too must see this rank
-    alive); turn a failed collective into one line naming the lost peers."""
-    beat = Heartbeat(host, port, rank) if world > 1 else None
+    """Beat and watch while the block runs (and while probing: a peer probing too must see
+    this rank alive); turn a failed collective into one line naming the lost peers."""
+    beat = Heartbeat(host, port, rank, world, timeout_s) if world > 1 else None
     try:
         yield
     except Exception as err:
-        if beat is None or not is_comm_failure(err):
+        if beat is None or not is_comm_failure(err) or _reported.is_set():
             raise
+        _reported.set()
         cause = (f"no answer within --dist-timeout {timeout_s:g} s" if "imed out" in str(err)
                  else str(err).strip().splitlines()[-1][:160])
         lost = lost_ranks(host, port, rank, world)
         if lost is None:
-            gone = [r for r, h in sorted(dist.HOSTS.items()) if h == dist.HOSTS.get(0)] or [0]
-            raise UserError(f"lost {describe(gone)}: the rendezvous store on {host}:{port} does not answer "
-                            f"({cause}); the other ranks stop too") from None
+            raise UserError(f"{store_lost(host, port, cause)}; the other ranks stop too") from None
         if not lost:
             raise UserError(f"a collective failed ({cause}) but every peer still answers; "
                             "see the other ranks' output") from None

@@ -68,17 +68,19 @@ recorded_pid() {  # NAME -> PID when that process is still the one recorded
     [ -n "$pid" ] && [ "$(start_time "$pid")" = "$start" ] && echo "$pid"
 }
 
-stop_recorded() {  # NAME: SIGTERM the recorded process, SIGKILL after 5 s; forget it
-    local pid i
-    if pid=$(recorded_pid "$1"); then
-        kill -TERM "$pid" 2>/dev/null || true
-        for ((i = 0; i < 50; i++)); do
-            [ -d "/proc/$pid" ] || break
-            sleep 0.1
-        done
-        if recorded_pid "$1" >/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
-    fi
-    rm -f "$STATE/run/$1.pid"
+stop_recorded() {  # NAME...: SIGTERM the recorded processes together, SIGKILL after 5 s; forget them
+    local name pid pids=() i
+    for name in "$@"; do
+        if pid=$(recorded_pid "$name"); then kill -TERM "$pid" 2>/dev/null && pids+=("$pid"); fi
+    done
+    for ((i = 0; i < 50 && ${#pids[@]} > 0; i++)); do
+        for pid in "${!pids[@]}"; do [ -d "/proc/${pids[$pid]}" ] || unset "pids[$pid]"; done
+        sleep 0.1
+    done
+    for name in "$@"; do
+        if pid=$(recorded_pid "$name"); then kill -KILL "$pid" 2>/dev/null || true; fi
+        rm -f "$STATE/run/$name.pid"
+    done
 }
 
 # =============================================================================

@@ -28,6 +28,7 @@ start_holder() {  # NAME (switch, head, nodeK)
     setsid unshare --net --uts --mount --propagation slave sh -c "$HOLDER_SETUP" sh \
         "$name" "$STATE/hosts" "$ready" </dev/null >"$STATE/log/holder-$name.log" 2>&1 9>&- &
     pid=$!
+    disown  # it lives on after this script; bash need not report its end
     for ((i = 0; i < 100; i++)); do
         [ -f "$ready" ] && break
         [ -d "/proc/$pid" ] || die "$name did not start: $(tail -n 3 "$STATE/log/holder-$name.log" | tr '\n' ' ')"

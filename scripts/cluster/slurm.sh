@@ -25,6 +25,7 @@ start_daemon() {  # NAME HOST CMD...: CMD stays in the foreground; its pid is th
     setsid nsenter --target "$pid" --net --uts --mount --wd="$STATE" -- "${@:3}" \
         </dev/null >>"$STATE/log/$1.out" 2>&1 9>&- &
     record_pid "$1" $!
+    disown  # it lives on after this script; bash need not report its end
 }
 
 on_head() {  # CMD...: a Slurm client command on head, output to the caller
@@ -51,7 +52,9 @@ start_munge() {
         chmod 400 "$STATE/munge/munge.key"
     fi
     say "starting munged on head"
-    start_daemon munged head munged --foreground --socket="$STATE/munge/munge.socket" \
+    # --force: the state folder may sit below a private one (/root, pytest's tmp), and munged
+    # wants every parent open to all; every client here is root.
+    start_daemon munged head munged --foreground --force --socket="$STATE/munge/munge.socket" \
         --key-file="$STATE/munge/munge.key" --pid-file="$STATE/munge/munged.pid" \
         --seed-file="$STATE/munge/munged.seed" --log-file="$STATE/log/munged.log"
     wait_for 10 "munged's socket" test -S "$STATE/munge/munge.socket"
@@ -73,8 +76,8 @@ SlurmctldHost=head($HEAD_ADDR)
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# cred_expire: how long a requeued job waits before it may start again (default 120 s)
-AuthInfo=socket=$STATE/munge/munge.socket,cred_expire=10
+# cred_expire: how long a requeued job waits before it may start again (default 120 s; 5 is the least)
+AuthInfo=socket=$STATE/munge/munge.socket,cred_expire=5
 StateSaveLocation=$STATE/spool/slurmctld
 SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/run/slurmctld.pidfile
@@ -95,7 +98,7 @@ ReturnToService=2
 # A node silent for SlurmdTimeout s is DOWN and its jobs end (real clusters: 300)
 SlurmdTimeout=20
 # SIGTERM to SIGKILL when a job is cancelled or ends at its limit
-KillWait=10
+KillWait=5
 # A finished job stays visible for MinJobAge s; at most 5 keeps sbatch --wait polling every 2 s
 MinJobAge=5
 EOF
@@ -134,10 +137,9 @@ slurm_up() {
 }
 
 slurm_down() {
-    local name
-    for name in $(nodes); do stop_recorded "slurmd-$name"; done
-    stop_recorded slurmctld
-    stop_recorded munged
+    local name daemons=()
+    for name in $(nodes); do daemons+=("slurmd-$name"); done
+    stop_recorded "${daemons[@]}" slurmctld munged
 }
 
 slurm_status() {

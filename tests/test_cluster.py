@@ -1,0 +1,144 @@
+"""Across host boundaries: training on a local Slurm cluster (scripts/cluster.sh), submitted
+with scripts/slurm/train.sbatch as a user would, and what host faults do to it.
+
+Marker `cluster`: the main suite leaves these out (pytest.ini); scripts/test_cluster.sh runs
+them. One cluster (head + 2 nodes) serves the module and is torn down at the end, failed or
+not. They skip only where the machine cannot make namespaces; under CI=true that fails.
+"""
+import functools
+import os
+import re
+import signal
+import sys
+
+import pytest
+
+from handler.common.checkpoint import load_checkpoint
+from tests.cluster_support import (JOB_S, TRAIN, assert_same_weights, final_weights, up_cluster)
+from tests.conftest import ROOT, read_metrics, run_process, tail
+
+pytestmark = pytest.mark.cluster
+LOST_NODE2 = r"lost rank \d \(node2\)"  # what a surviving rank says about the lost one
+DIST_TIMEOUT = 10  # s, for the fault tests
+
+
+def shown(request):
+    """Print a line past pytest's capture (the set-up time belongs in CI's log)."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+
+    def say(line):
+        with capture.global_and_fixture_disabled():
+            print(f"\ncluster set-up: {line}", flush=True)
+    return say
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, request):
+    made = up_cluster(tmp_path_factory, shown(request))
+    try:
+        yield made
+    finally:
+        made.script("down", timeout=120)
+        assert not made.processes("node1") and not made.processes("node2")
+
+
+@pytest.fixture(scope="module")
+def one_host(cluster, tmp_path_factory):
+    """mode -> final weights of the same training on this one host (mp.spawn, world 2)."""
+    @functools.lru_cache(maxsize=None)
+    def run(mode):
+        folder = tmp_path_factory.mktemp(f"one_host_{mode}")
+        proc = run_process([sys.executable, ROOT / "train_cifar.py", "--mode", mode, "--num_gpu", 2,
+                            "--ckpt", folder, "--data", cluster.data, *TRAIN],
+                           timeout=3 * JOB_S, env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, tail(proc.stderr, 30)
+        assert read_metrics(folder / "metrics.json")["env"]["nodes"] == 1
+        return final_weights(folder)
+    return run
+
+
+def job_failed(job, why: str) -> str:
+    return f"{why}; job output:\n{tail(job.output(), 40)}"
+
+
+@pytest.mark.parametrize("mode", ["ddp", "ddp_dali", "fsdp", "pp"])
+def test_two_hosts_train_to_the_same_weights_as_one_host(cluster, one_host, tmp_path, mode):
+    job = cluster.submit(tmp_path, ["--mode", mode], env={"NPROC_PER_NODE": "1"})
+    job.finish()
+    assert job.succeeded, job_failed(job, f"the job ended {job.state} {job.exit_code}")
+    env = read_metrics(tmp_path / "ckpt" / "metrics.json")["env"]
+    assert sorted(env["hosts"].values()) == ["node1", "node2"] and env["nodes"] == 2
+    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host(mode))
+
+
+def test_two_hosts_of_two_processes_rendezvous_through_c10d_as_world_four(cluster, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 1], env={"NPROC_PER_NODE": "2"})
+    job.finish()
+    assert job.succeeded, job_failed(job, f"the job ended {job.state} {job.exit_code}")
+    metrics = read_metrics(tmp_path / "ckpt" / "metrics.json")
+    hosts = list(metrics["env"]["hosts"].values())
+    assert metrics["env"]["world_size"] == 4 and sorted(hosts) == ["node1", "node1", "node2", "node2"]
+    assert metrics["test"]["samples"] == 64  # every test image once, over four ranks
+
+
+def test_a_preempted_job_saves_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, one_host, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp"], env={"NPROC_PER_NODE": "1"})
+    job.wait_for(r"^epoch 1/2")  # the signal lands in epoch 2
+    cluster.script("run", "scancel", "--batch", "--signal=TERM", job.id)
+    job.finish()
+    assert not job.succeeded, job_failed(job, "the stopped job reported success")
+    assert re.search(r"stopped by SIGTERM at epoch 2, step \d+", job.output()), job_failed(job, "no graceful stop")
+    cluster.script("run", "scontrol", "requeue", job.id)
+    job.finish()
+    assert job.succeeded, job_failed(job, f"the requeued job ended {job.state} {job.exit_code}")
+    assert re.search(r"resumed from .*last.pt at epoch 2, step \d+", job.output()), job_failed(job, "no resume")
+    assert read_metrics(tmp_path / "ckpt" / "metrics.json")["test"] is not None
+    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host("ddp"))
+
+
+def test_a_host_lost_mid_run_ends_the_job_within_a_minute_naming_it(cluster, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 6, "--dist-timeout", DIST_TIMEOUT],
+                         sbatch=["--no-requeue"], env={"NPROC_PER_NODE": "1"})
+    job.wait_for_checkpoint()
+    cluster.script("kill", "node2")
+    try:
+        took = job.finish()
+        assert took < 60 and not job.succeeded, job_failed(job, f"ended {job.state} after {took:.0f} s")
+        assert re.search(LOST_NODE2, job.output()), job_failed(job, "the lost host is not named")
+        cluster.wait_no_job_processes(["node1"], limit=15)
+        load_checkpoint(str(tmp_path / "ckpt" / "last.pt"), "cpu")
+    finally:
+        cluster.script("heal", "node2")  # powers it on again for the tests after this one
+        cluster.wait_idle("node2")
+
+
+def test_a_partitioned_host_ends_the_job_within_the_dist_timeout_and_leaves_nothing_after_heal(cluster, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 6, "--dist-timeout", DIST_TIMEOUT],
+                         sbatch=["--no-requeue"], env={"NPROC_PER_NODE": "1"})
+    job.wait_for(r"^epoch 1/6")
+    cluster.script("partition", "node2")
+    try:
+        took = job.finish()
+        assert took <= DIST_TIMEOUT + 30 and not job.succeeded, job_failed(job, f"ended {job.state} after {took:.0f} s")
+        assert re.search(LOST_NODE2, job.output()), job_failed(job, "the lost host is not named")
+    finally:
+        cluster.script("heal", "node2")
+    cluster.wait_no_job_processes(["node1", "node2"], limit=60)
+    cluster.wait_idle("node2")
+
+
+def test_workers_lost_on_one_host_restart_elastically_resume_and_complete(cluster, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 3],
+                         env={"NPROC_PER_NODE": "1", "NNODES": "1:2", "MAX_RESTARTS": "1"})
+    job.wait_for_checkpoint()
+    workers = [pid for pid, cmd in cluster.processes("node2").items()
+               if "train_cifar.py" in cmd and "torch.distributed.run" not in cmd]
+    assert workers, f"no worker on node2: {cluster.processes('node2')}"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    job.finish()
+    assert job.succeeded, job_failed(job, f"the elastic job ended {job.state} {job.exit_code}")
+    assert "elastic restart 1: resuming from" in job.output()
+    metrics = read_metrics(tmp_path / "ckpt" / "metrics.json")
+    assert [e["epoch"] for e in metrics["epochs"]] == [0, 1, 2] and metrics["test"]["samples"] == 64
+
