@@ -7,7 +7,7 @@ in the root namespace, addresses from 198.18.0.0/24), one rank on each, gloo ove
 link. node1's link is shaped with tc (`shape node1`: both directions, tbf rate plus
 netem delay where the kernel has netem) to each rate in turn; at each rate both ranks
 run every hook (the order rotates from rate to rate): warm-up steps, then timed steps
-(bench/comm_worker.py). resnet20, global batch 64, buckets of 0.25 MB (5 buckets, so
+(bench/comm_worker.py). resnet20, global batch 16, buckets of 0.25 MB (4 buckets, so
 backward has something to overlap with), one thread per rank: at 10 Mbit/s plain
 all-reduce's exposed comm is most of the step.
 
@@ -36,9 +36,9 @@ CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "clust
 SHAPED = "node1"  # rank 0's host; its link is the path's only shaped hop
 DELAY_MS = 0.5
 PORT = 29400  # inside the cluster's namespaces nothing else listens
-FULL = dict(model="resnet20", batch=64, warmup=3, steps=12, bucket_cap_mb=0.25, powersgd_rank=2,
+FULL = dict(model="resnet20", batch=16, warmup=3, steps=15, bucket_cap_mb=0.25, powersgd_rank=2,
             rates=(1000, 200, 50, 10), held_out=50)
-QUICK = dict(FULL, steps=6, rates=(1000, 50, 10))
+QUICK = dict(FULL, steps=8, rates=(1000, 50, 10))
 RATE_TIMEOUT_S = 420
 # The per-GPU step for the scaling table. No GPU run of this repository has measured one
 # (README "GPU status"), so it is ASSUMED: ResNet-18 (CIFAR) is 0.56 GMAC per image, about

@@ -218,3 +218,19 @@ def test_powersgd_two_epochs_equal_one_epoch_then_resume_bit_for_bit(hook_run, d
     cfg = ma["config"]
     assert (cfg["comm_hook"], cfg["powersgd_rank"], cfg["powersgd_warmup"], cfg["bucket_cap_mb"]) == \
         ("powersgd", 2, 10, 25.0)
+
+
+def test_profile_report_names_the_hook_and_bucket_size_from_the_metrics():
+    from handler.profiling.analysis import comm_config
+    from handler.profiling.render import _comm_sections
+    comm = {"source": "allreduce ranges", "buckets": 3, "seconds": 1.5, "share": 0.4, "overlap_share": 0.5,
+            "exposed_s": 0.75}
+    metrics = {"config": {"mode": "ddp", "comm_hook": "powersgd", "powersgd_rank": 4, "bucket_cap_mb": 5.0,
+                          "static_graph": True}}
+    summary = {"ranks": [{"rank": 0, "comm": comm}], "stragglers": None, "comm_config": comm_config(metrics)}
+    page = "\n".join(_comm_sections(summary))
+    assert "| 0 | powersgd rank 4 (static graph) | 5 MB | allreduce ranges | 3 |" in page
+    older = comm_config({"config": {"mode": "ddp"}})  # a run from before --comm-hook
+    assert (older["hook"], older["bucket_cap_mb"]) == ("allreduce", 25.0)
+    summary["comm_config"] = comm_config(None)
+    assert "| 0 | n/a (no --metrics) | n/a |" in "\n".join(_comm_sections(summary))
