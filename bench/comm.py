@@ -1,15 +1,16 @@
 """DDP over a slow network: step time against link rate for every comm hook, two hosts.
 
-    python -m bench.comm [--quick] [--json PATH] [--rates 1000,50,10] [--steps N]
+    python -m bench.comm [--quick] [--json PATH] [--rates 1000,50,10] [--rounds N] [--steps N]
 
 Two hosts of scripts/cluster.sh (`up --net-only`: network namespaces on a bridge, nothing
 in the root namespace, addresses from 198.18.0.0/24), one rank on each, gloo over their
-link. node1's link is shaped with tc (`shape node1`: both directions, tbf rate plus
-netem delay where the kernel has netem) to each rate in turn; at each rate both ranks
-run every hook (the order rotates from rate to rate): warm-up steps, then timed steps
-(bench/comm_worker.py). resnet20, global batch 16, buckets of 0.25 MB (4 buckets, so
-backward has something to overlap with), one thread per rank: at 10 Mbit/s plain
-all-reduce's exposed comm is most of the step.
+link, one DDP model per hook in each rank (bench/comm_worker.py). Rounds go over the rates:
+rank 0 reshapes node1's link (`scripts/cluster.sh shape node1`: both directions, tbf rate,
+netem delay where the kernel has netem), then every hook takes one untimed and a few timed
+steps. Rates and hooks rotate from round to round, so load from other jobs that drifts
+over minutes reaches all of them alike. resnet20, global batch 16, buckets of 0.25 MB
+(4 buckets, so backward has something to overlap with), one thread per rank: at 10 Mbit/s
+plain all-reduce's exposed comm is most of the step.
 
 Per row: step_s (median), compute_s (step minus exposed comm), comm_s, exposed_comm_s (as
 the profile report computes them from `allreduce b{k}` ranges, here timed in-process),
@@ -20,7 +21,6 @@ then it predicts ResNet-18's scaling on real clusters. The cluster is always tak
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -36,10 +36,10 @@ CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "clust
 SHAPED = "node1"  # rank 0's host; its link is the path's only shaped hop
 DELAY_MS = 0.5
 PORT = 29400  # inside the cluster's namespaces nothing else listens
-FULL = dict(model="resnet20", batch=16, warmup=3, steps=15, bucket_cap_mb=0.25, powersgd_rank=2,
+FULL = dict(model="resnet20", batch=16, warmup=3, rounds=6, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
             rates=(1000, 200, 50, 10), held_out=50)
-QUICK = dict(FULL, steps=8, rates=(1000, 50, 10))
-RATE_TIMEOUT_S = 420
+QUICK = dict(FULL, rounds=4, rates=(1000, 50, 10))
+TIMEOUT_S = 540
 # The per-GPU step for the scaling table. No GPU run of this repository has measured one
 # (README "GPU status"), so it is ASSUMED: ResNet-18 (CIFAR) is 0.56 GMAC per image, about
 # 3.3 GFLOP per image trained; 45,000 images a 150 TFLOP epoch; at 15 TFLOP/s sustained
@@ -65,37 +65,33 @@ class Cluster:
                             f"{(done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]}")
         return done.stdout + done.stderr
 
-    def shape(self, node: str, rate_mbit: float, delay_ms: float) -> float:
-        """Returns the delay the kernel applied (0 without netem; cluster.sh warns)."""
-        said = self("shape", node, "--rate", f"{rate_mbit}mbit", "--delay", f"{delay_ms}ms")
-        found = re.search(r"delay ([\d.]+) ms each way", said)
-        return float(found.group(1)) if found else math.nan
-
     def start(self, node: str, argv: list, env: dict, log) -> subprocess.Popen:
         return subprocess.Popen(["bash", str(self.script), "exec", node, *argv], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def run_rate(cluster: Cluster, rate: float, hooks: list, size: dict, folder: Path) -> list:
-    """Both ranks, every hook, at one shaped rate; rank 0's rows."""
-    out = folder / f"rows-{rate:g}.json"
+def run_workers(cluster: Cluster, size: dict, folder: Path) -> list:
+    """Both ranks, every rate and hook (bench/comm_worker.py); rank 0's rows."""
+    out = folder / "rows.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "PYTHONUNBUFFERED": "1"}
-    worker_size = {k: size[k] for k in ("model", "batch", "warmup", "steps", "bucket_cap_mb", "powersgd_rank")}
+    worker_size = {k: size[k] for k in ("model", "batch", "warmup", "rounds", "steps", "bucket_cap_mb",
+                                        "powersgd_rank")}
     procs, logs = [], []
     try:
         for rank, node in enumerate(("node1", "node2")):
-            logs.append(open(folder / f"rank{rank}-{rate:g}.log", "w+"))
+            logs.append(open(folder / f"rank{rank}.log", "w+"))
             argv = [sys.executable, "-m", "bench.comm_worker", "--rank", str(rank), "--master", "node1",
-                    "--port", str(PORT), "--hooks", ",".join(hooks), "--size", json.dumps(worker_size),
+                    "--port", str(PORT), "--hooks", ",".join(COMM_HOOKS), "--rates", ",".join(map(str, size["rates"])),
+                    "--delay", str(DELAY_MS), "--cluster", str(cluster.script), "--size", json.dumps(worker_size),
                     "--out", str(out)]
             procs.append(cluster.start(node, argv, env, logs[-1]))
         for rank, proc in enumerate(procs):
-            if proc.wait(timeout=RATE_TIMEOUT_S):
+            if proc.wait(timeout=TIMEOUT_S):
                 logs[rank].seek(0)
                 tail = [line for line in logs[rank].read().splitlines() if line.strip()][-1:]
-                raise UserError(f"rank {rank} at {rate:g} Mbit/s exited with {proc.returncode}: {tail}")
+                raise UserError(f"bench.comm_worker rank {rank} exited with {proc.returncode}: {tail}")
     except subprocess.TimeoutExpired:
-        raise UserError(f"the ranks at {rate:g} Mbit/s ran past {RATE_TIMEOUT_S} s; see {folder}") from None
+        raise UserError(f"the ranks ran past {TIMEOUT_S} s") from None
     finally:
         for proc in procs:  # only the processes started here, by their own session
             if proc.poll() is None:
@@ -138,28 +134,23 @@ def targets(rows: list, model_error) -> dict:
     return found
 
 
-def measure(cluster: Cluster, size: dict, folder: Path) -> tuple:
-    """Every rate, every hook; the cluster is up only inside, and always taken down."""
-    rows, applied = [], set()
+def measure(cluster: Cluster, size: dict, folder: Path) -> list:
+    """The cluster is up only inside, and always taken down."""
     cluster("down")  # whatever an interrupted run left
     try:
         cluster("up", "--net-only", "--nodes", "2")
-        for i, rate in enumerate(size["rates"]):
-            delay = cluster.shape(SHAPED, rate, DELAY_MS)
-            applied.add(delay)
-            hooks = list(COMM_HOOKS[i % len(COMM_HOOKS):] + COMM_HOOKS[:i % len(COMM_HOOKS)])
-            print(f"bench.comm: {rate:g} Mbit/s, delay {delay:g} ms: {', '.join(hooks)}", flush=True)
-            for row in run_rate(cluster, rate, hooks, size, folder):
-                rows.append({"rate_mbit": rate, "delay_ms": delay, **row})
+        print(f"bench.comm: 2 hosts up; {size['rounds']} rounds over {', '.join(f'{r:g}' for r in size['rates'])} "
+              f"Mbit/s, {size['steps']} timed steps per hook and round", flush=True)
+        return run_workers(cluster, size, folder)
     finally:
         cluster("down")
-    return rows, applied
 
 
 def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--rates", help="comma-separated Mbit/s (default: 1000,200,50,10; --quick 1000,50,10)")
-    p.add_argument("--steps", type=int, help="timed steps per hook and rate")
+    p.add_argument("--steps", type=int, help="timed steps per hook, rate and round")
+    p.add_argument("--rounds", type=int, help="rounds over the rates (full 6, --quick 4)")
     p.add_argument("--gpu-epoch-s", type=float, default=ASSUMED_GPU_EPOCH_S,
                    help=f"a measured 1-GPU ResNet-18 epoch (45,000 images, batch 256) for the scaling table "
                         f"(default: ASSUMED {ASSUMED_GPU_EPOCH_S:g} s, see docs/COMM.md)")
@@ -168,15 +159,17 @@ def main(argv=None) -> dict:
     size = dict(QUICK if args.quick else FULL)
     if args.rates:
         size["rates"] = tuple(float(r) for r in args.rates.split(","))
-    if args.steps:
-        size["steps"] = args.steps
+    size.update({k: getattr(args, k) for k in ("steps", "rounds") if getattr(args, k)})
     with tempfile.TemporaryDirectory(prefix="bench-comm-") as folder:
-        rows, applied = measure(Cluster(CLUSTER), size, Path(folder))
+        rows = measure(Cluster(CLUSTER), size, Path(folder))
+    applied = {r["delay_ms"] for r in rows}
     mine = payloads(size["model"], size["powersgd_rank"], size["bucket_cap_mb"])
     for r in rows:
         r["payload_bytes_per_step"] = mine[r["hook"]]["payload_bytes"]
     rates = sorted({r["rate_mbit"] for r in rows})
-    held_out = size["held_out"] if size["held_out"] in rates[1:-1] else (rates[len(rates) // 2] if len(rates) > 2 else None)
+    held_out = size["held_out"] if size["held_out"] in rates[1:-1] else None  # a rate between two fitted ones
+    if held_out is None and len(rates) > 2:
+        held_out = rates[len(rates) // 2]
     checks = [check(rows, rate) for rate in rates] if len(rates) > 2 else []
     main_check = next((c for c in checks if c["held_out_mbit"] == held_out), None)
     model_error = main_check["worst"] if main_check else None
@@ -189,17 +182,18 @@ def main(argv=None) -> dict:
         prediction["assumptions"] = assumptions(args.gpu_epoch_s, gpu_step, size)
     env = {"cluster": str(CLUSTER), "shaped": f"{SHAPED}'s link, both directions", "delay_requested_ms": DELAY_MS,
            "delay_applied_ms": sorted(applied), "ranks": 2, "threads_per_rank": 1, "timing": TIMING,
-           **{k: size[k] for k in ("model", "batch", "warmup", "steps", "bucket_cap_mb", "powersgd_rank")}}
+           **{k: size[k] for k in ("model", "batch", "warmup", "rounds", "steps", "bucket_cap_mb", "powersgd_rank")}}
     if applied != {DELAY_MS}:
         env["note"] = (f"the kernel applied no {DELAY_MS} ms delay (no netem, CONFIG_NET_SCH_NETEM): rates are "
                        "shaped, latency is the bare veth's; the model's latency term is untested here")
-    model = {"formula": "step = compute + max(0, fixed + beta * wire_bytes * 8 / rate - window)",
+    model = {"formula": FORMULA,
              "held_out_mbit": held_out, "fit_all_rates": params, "checks": checks, "scaling": prediction}
     results = {"rows": rows, "model_error": model_error, "model": model, "env": env,
                "targets": targets(rows, model_error)}
     return emit("comm", results, args, report(results), started)
 
 
+FORMULA = "step = compute + max(0, max(floor, beta * wire_bytes * 8 / rate + messages * latency) - window)"
 TIMING = ("in-process perf_counter timings of the ranges a profiled run marks (batch, backward, allreduce b{k}), "
           "reduced by handler/profiling/comm.py's comm_stats, per step; medians over the timed steps")
 
@@ -232,7 +226,8 @@ def report(results: dict) -> str:
                      + ", ".join(f"{h} {e['predicted_s']:.3f} s vs {e['measured_s']:.3f} s ({100 * e['error']:.0f} %)"
                                  for h, e in c["per_hook"].items()))
     if results["model_error"] is not None:
-        lines.append(f"model_error (held out {model['held_out_mbit']:g} Mbit/s, worst hook): {results['model_error']:.3f}")
+        lines.append(f"model_error (held out {model['held_out_mbit']:g} Mbit/s, worst hook): "
+                     f"{results['model_error']:.3f}")
     scaled = model["scaling"]
     if scaled:
         lines.append("Predicted scaling efficiency, ResNet-18, weak scaling (UNVERIFIED: "

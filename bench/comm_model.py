@@ -2,12 +2,14 @@
 used to predict DDP's scaling on real clusters.
 
     step = compute + max(0, comm - window)
-    comm = fixed[hook] + beta * wire_bytes * 8 / rate
+    comm = max(floor[hook], beta * wire_bytes * 8 / rate + messages * latency)
 
 compute (step minus exposed comm) and window (backward compute between the first and the
 last bucket launch: what comm can hide behind) are each hook's medians over the fitted
-rows; fixed[hook] (per-step cost at any rate: compression, software, latency) and beta
-(link efficiency: 1 means the shaped rate is fully used) are least squares on their comm.
+rows. comm is bandwidth-bound (beta: link efficiency, 1 when the shaped rate is fully
+used) or, on a fast link, bound below by a floor: the CPU's part of the exchange (copies,
+compression) and its contention with backward. beta (one for all hooks) and each hook's
+floor are least squares on the rows' comm.
 """
 import math
 
@@ -15,6 +17,7 @@ import numpy as np
 
 NODES = (2, 4, 8, 16, 32)
 GBITS = (1, 10, 25, 100)
+BETAS = np.linspace(0.5, 2.0, 1501)
 
 
 def line_time(wire_bytes: float, rate_mbit: float) -> float:
@@ -23,22 +26,45 @@ def line_time(wire_bytes: float, rate_mbit: float) -> float:
 
 def fit(rows) -> dict:
     hooks = sorted({r["hook"] for r in rows})
-    a = np.array([[float(r["hook"] == h) for h in hooks] + [line_time(r["bytes_per_step"], r["rate_mbit"])]
-                  for r in rows])
-    solution, *_ = np.linalg.lstsq(a, np.array([r["comm_s"] for r in rows]), rcond=None)
-    params = {"beta": float(solution[-1]), "hooks": {}}
-    for i, h in enumerate(hooks):
-        mine = [r for r in rows if r["hook"] == h]
-        params["hooks"][h] = {"fixed_s": float(solution[i]), "compute_s": _median([r["compute_s"] for r in mine]),
-                              "window_s": _median([r["window_s"] for r in mine]),
-                              "bytes_per_step": _median([r["bytes_per_step"] for r in mine])}
+    params = {"hooks": {h: {"compute_s": _median([r["compute_s"] for r in rows if r["hook"] == h]),
+                            "window_s": _median([r["window_s"] for r in rows if r["hook"] == h]),
+                            "bytes_per_step": _median([r["bytes_per_step"] for r in rows if r["hook"] == h])}
+                        for h in hooks}}
+    best = (math.inf, None, None)
+    for beta in BETAS:  # for each beta, each hook's best floor; keep the beta with the least error
+        total, floors = 0.0, {}
+        for h in hooks:
+            comm = np.array([r["comm_s"] for r in rows if r["hook"] == h])
+            line = beta * np.array([line_time(r["bytes_per_step"], r["rate_mbit"]) for r in rows if r["hook"] == h])
+            floors[h], err = _best_floor(comm, line)
+            total += err
+        if total < best[0]:
+            best = (total, float(beta), floors)
+    params["beta"] = best[1]
+    for h in hooks:
+        params["hooks"][h]["floor_s"] = best[2][h]
     return params
 
 
-def predict_step(params: dict, hook: str, rate_mbit: float, wire_bytes: float = None) -> float:
+def _best_floor(comm, line) -> tuple:
+    """The floor f minimising sum((max(f, line) - comm)^2): a mean of the comm values of the
+    rows it bounds, tried for each split of the rows sorted by line time."""
+    order = np.argsort(line)
+    comm, line = comm[order], line[order]
+    best = (0.0, float(np.sum((line - comm) ** 2)))
+    for k in range(1, len(comm) + 1):
+        floor = max(float(np.mean(comm[:k])), float(line[k - 1]))
+        err = float(np.sum((np.maximum(floor, line) - comm) ** 2))
+        if err < best[1]:
+            best = (floor, err)
+    return best
+
+
+def predict_step(params: dict, hook: str, rate_mbit: float, wire_bytes: float = None, latency_s: float = 0.0,
+                 messages: int = 0) -> float:
     h = params["hooks"][hook]
     wire = h["bytes_per_step"] if wire_bytes is None else wire_bytes
-    comm = h["fixed_s"] + params["beta"] * line_time(wire, rate_mbit)
+    comm = max(h["floor_s"], params["beta"] * line_time(wire, rate_mbit) + messages * latency_s)
     return h["compute_s"] + max(0.0, comm - h["window_s"])
 
 
@@ -56,16 +82,17 @@ def check(rows, held_out: float) -> dict:
 
 
 def scaling(params: dict, hooks: dict, gpu_step_s: float, latency_s: float, nodes=NODES, gbits=GBITS) -> dict:
-    """Predicted weak-scaling efficiency (each GPU keeps its batch) of ResNet-18 with each hook.
+    """Predicted weak-scaling efficiency (each GPU keeps its batch) of a model with each hook.
 
     hooks: name -> {"payload_bytes", "buckets", "collectives_per_bucket"}. A ring all-reduce sends
     2(n-1)/n of the payload per GPU in 2(n-1) latency-bound steps per collective. The overlap
-    window keeps the share of the step it has in the fitted rows (allreduce's); compression
-    compute (fixed_s on the CPU here) is left out, and said so in the assumptions.
+    window keeps the share of the step it has in the fitted rows (allreduce's); the CPU floors
+    are left out (a GPU's copies and compression are not this CPU's), and said so.
     """
-    share = min(1.0, params["hooks"]["allreduce"]["window_s"] / params["hooks"]["allreduce"]["compute_s"])
+    plain = params["hooks"]["allreduce"]
+    share = min(1.0, plain["window_s"] / plain["compute_s"])
     window = share * gpu_step_s
-    overhead = _wire_overhead(params)
+    overhead = plain["bytes_per_step"] / plain["payload_bytes"] if plain.get("payload_bytes") else 1.0
     table = {}
     for hook, h in hooks.items():
         table[hook] = {}
@@ -77,12 +104,6 @@ def scaling(params: dict, hooks: dict, gpu_step_s: float, latency_s: float, node
                 table[hook][f"{n}x{g}"] = gpu_step_s / (gpu_step_s + max(0.0, comm - window))
     return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "nodes": list(nodes),
             "gbits": list(gbits)}
-
-
-def _wire_overhead(params: dict) -> float:
-    """Bytes on the link per payload byte (headers, acknowledgements), from allreduce's rows."""
-    h = params["hooks"]["allreduce"]
-    return h["bytes_per_step"] / h["payload_bytes"] if h.get("payload_bytes") else 1.0
 
 
 def _median(values):

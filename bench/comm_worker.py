@@ -1,12 +1,15 @@
-"""One rank of bench.comm, run inside a host of scripts/cluster.sh: every hook in turn,
-warm-up steps, then timed steps whose comm, overlap and exposed comm come from
-handler/profiling/comm.py, applied to in-process timings of the same ranges a profiled
-run has (`batch`, `backward`, `allreduce b{k}`; nsys would be slower than the steps).
+"""One rank of bench.comm, run inside a host of scripts/cluster.sh: one DDP model per hook,
+warm-up steps, then rounds over the link rates, timed steps whose comm, overlap and exposed
+comm come from handler/profiling/comm.py, applied to in-process timings of the same ranges a
+profiled run has (`batch`, `backward`, `allreduce b{k}`; nsys would be slower than the steps).
 
-    python -m bench.comm_worker --rank R --master HOST --port P --hooks allreduce,... --out FILE
+    python -m bench.comm_worker --rank R --master HOST --port P --hooks H,... --rates R,... ...
 """
 import argparse
 import json
+import math
+import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -77,30 +80,69 @@ def timed_step(ddp, optimizer, images, labels, recorder) -> dict:
             "window_s": window / 1e9, "buckets": stats["buckets"]}
 
 
-def run_hook(hook: str, size: dict, rank: int, world: int) -> dict:
-    torch.manual_seed(0)
-    raw = build_model(size["model"], 10)
-    comm = CommHook(name=hook, powersgd_rank=size["powersgd_rank"], powersgd_warmup=2,
-                    bucket_cap_mb=size["bucket_cap_mb"])
-    recorder = Recorder()
-    ddp = comm.register(DistributedDataParallel(raw, **comm.ddp_options(), **no_buffer_sync()), ranges=recorder)
-    optimizer = make_optimizer(raw)
-    local = size["batch"] // world
-    batches = [(x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local])
-               for x, y in fixed_batches(size["warmup"] + size["steps"], size["batch"])]
-    raw.train()
-    for images, labels in batches[:size["warmup"]]:  # DDP rebuilds buckets; PowerSGD starts at step 2
-        timed_step(ddp, optimizer, images, labels, recorder)
-    torch.distributed.barrier()
-    sent = sent_bytes()
-    steps = [timed_step(ddp, optimizer, images, labels, recorder) for images, labels in batches[size["warmup"]:]]
-    sent = sent_bytes() - sent
-    torch.distributed.barrier()
-    row = {key: median(s[key] for s in steps) for key in ("step_s", "comm_s", "exposed_comm_s", "window_s")}
-    row["compute_s"] = row["step_s"] - row["exposed_comm_s"]
-    row.update(hook=hook, steps=len(steps), buckets=steps[-1]["buckets"],
-               bytes_per_step=sent / len(steps), images_per_s=size["batch"] / row["step_s"])
-    return row
+class Hooked:
+    """One hook's DDP model, optimizer and batches, kept across the rounds."""
+
+    def __init__(self, hook: str, size: dict, rank: int, world: int):
+        torch.manual_seed(0)
+        raw = build_model(size["model"], 10)
+        comm = CommHook(name=hook, powersgd_rank=size["powersgd_rank"], powersgd_warmup=2,
+                        bucket_cap_mb=size["bucket_cap_mb"])
+        self.recorder = Recorder()
+        self.ddp = comm.register(DistributedDataParallel(raw, **comm.ddp_options(), **no_buffer_sync()),
+                                 ranges=self.recorder)
+        self.optimizer = make_optimizer(raw)
+        local = size["batch"] // world
+        self.batches = [(x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local])
+                        for x, y in fixed_batches(4, size["batch"])]
+        self.done = 0
+        raw.train()
+
+    def step(self) -> dict:
+        images, labels = self.batches[self.done % len(self.batches)]
+        self.done += 1
+        return timed_step(self.ddp, self.optimizer, images, labels, self.recorder)
+
+
+def shape(cluster: str, rate: float, delay_ms: float) -> float:
+    """Rank 0 reshapes its own host's link with scripts/cluster.sh (the verb works from inside a
+    host); returns the delay the kernel applied."""
+    said = subprocess.run(["bash", cluster, "shape", "node1", "--rate", f"{rate:g}mbit", "--delay", f"{delay_ms:g}ms"],
+                          capture_output=True, text=True, check=True)
+    found = re.search(r"delay ([\d.]+) ms each way", said.stdout + said.stderr)
+    return float(found.group(1)) if found else math.nan
+
+
+def measure(size: dict, hooks: list, rates: list, rank: int, world: int, cluster: str, delay_ms: float) -> list:
+    """Rounds over the rates, each rate's block over the hooks (both orders rotating), so load
+    that drifts over minutes reaches every rate and hook alike. After each reshaping every hook
+    takes one untimed step (TCP settles to the new rate), then the timed ones."""
+    models = {hook: Hooked(hook, size, rank, world) for hook in hooks}
+    for m in models.values():
+        for _ in range(size["warmup"]):  # DDP rebuilds its buckets; PowerSGD compresses from step 2
+            m.step()
+    steps = {(rate, hook): [] for rate in rates for hook in hooks}
+    sent = {key: 0 for key in steps}
+    applied = {}
+    for r in range(size["rounds"]):
+        for rate in rates[r % len(rates):] + rates[:r % len(rates)]:
+            if rank == 0:
+                applied[rate] = shape(cluster, rate, delay_ms)
+            torch.distributed.barrier()
+            for hook in hooks[r % len(hooks):] + hooks[:r % len(hooks)]:
+                models[hook].step()
+                before = sent_bytes()
+                steps[(rate, hook)] += [models[hook].step() for _ in range(size["steps"])]
+                sent[(rate, hook)] += sent_bytes() - before
+            torch.distributed.barrier()
+    rows = []
+    for (rate, hook), timed in steps.items():
+        row = {key: median(s[key] for s in timed) for key in ("step_s", "comm_s", "exposed_comm_s", "window_s")}
+        row["compute_s"] = row["step_s"] - row["exposed_comm_s"]
+        rows.append({"rate_mbit": rate, "delay_ms": applied.get(rate), "hook": hook, **row, "steps": len(timed),
+                     "buckets": timed[-1]["buckets"], "bytes_per_step": sent[(rate, hook)] / len(timed),
+                     "images_per_s": size["batch"] / row["step_s"]})
+    return rows
 
 
 def main(argv=None) -> None:
@@ -109,14 +151,18 @@ def main(argv=None) -> None:
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--master", required=True, help="rank 0's host name or address")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--hooks", required=True, help="comma-separated --comm-hook names, run in this order")
-    p.add_argument("--size", required=True, help="JSON: model, batch, warmup, steps, bucket_cap_mb, powersgd_rank")
+    p.add_argument("--hooks", required=True, help="comma-separated --comm-hook names")
+    p.add_argument("--rates", required=True, help="comma-separated Mbit/s")
+    p.add_argument("--delay", type=float, required=True, help="ms of delay to ask the link for")
+    p.add_argument("--cluster", required=True, help="scripts/cluster.sh, for rank 0 to reshape its link")
+    p.add_argument("--size", required=True,
+                   help="JSON: model, batch, warmup, rounds, steps, bucket_cap_mb, powersgd_rank")
     p.add_argument("--out", type=Path, required=True, help="rank 0 writes its rows here")
     args = p.parse_args(argv)
-    size = json.loads(args.size)
-    initialize_group(args.rank, args.master, args.port, args.world, use_cuda=False, timeout_s=120)
+    initialize_group(args.rank, args.master, args.port, args.world, use_cuda=False, timeout_s=300)
     try:
-        rows = [run_hook(hook, size, args.rank, args.world) for hook in args.hooks.split(",")]
+        rows = measure(json.loads(args.size), args.hooks.split(","), [float(r) for r in args.rates.split(",")],
+                       args.rank, args.world, args.cluster, args.delay)
         if args.rank == 0:
             args.out.write_text(json.dumps({"rows": rows, "threads": torch.get_num_threads()}))
     finally:

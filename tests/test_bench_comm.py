@@ -18,10 +18,10 @@ from handler.runtime.errors import UserError
 from tests.conftest import ROOT, run_process
 
 TRUE = {"beta": 1.2, "hooks": {  # what the synthetic rows obey
-    "allreduce": {"fixed_s": 0.010, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 1.1e6},
-    "fp16": {"fixed_s": 0.015, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 0.55e6},
-    "bf16": {"fixed_s": 0.015, "compute_s": 0.21, "window_s": 0.08, "bytes_per_step": 0.55e6},
-    "powersgd": {"fixed_s": 0.040, "compute_s": 0.22, "window_s": 0.09, "bytes_per_step": 0.1e6}}}
+    "allreduce": {"floor_s": 0.10, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 1.1e6},
+    "fp16": {"floor_s": 0.11, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 0.55e6},
+    "bf16": {"floor_s": 0.11, "compute_s": 0.21, "window_s": 0.08, "bytes_per_step": 0.55e6},
+    "powersgd": {"floor_s": 0.15, "compute_s": 0.22, "window_s": 0.09, "bytes_per_step": 0.1e6}}}
 RATES = (1000, 200, 50, 10)
 
 
@@ -29,7 +29,7 @@ def synthetic_rows(params=TRUE, rates=RATES):
     rows = []
     for rate in rates:
         for hook, h in params["hooks"].items():
-            comm_s = h["fixed_s"] + params["beta"] * h["bytes_per_step"] * 8 / (rate * 1e6)
+            comm_s = max(h["floor_s"], params["beta"] * h["bytes_per_step"] * 8 / (rate * 1e6))
             step = predict_step(params, hook, rate)
             rows.append({"rate_mbit": rate, "delay_ms": 0.0, "hook": hook, "step_s": step, "comm_s": comm_s,
                          "compute_s": h["compute_s"], "exposed_comm_s": step - h["compute_s"],
@@ -40,12 +40,12 @@ def synthetic_rows(params=TRUE, rates=RATES):
 
 def test_the_fit_recovers_the_link_and_hook_costs_of_rows_that_obey_it():
     params = fit(synthetic_rows())
-    assert params["beta"] == pytest.approx(1.2)
-    for hook, h in TRUE["hooks"].items():
-        assert params["hooks"][hook]["fixed_s"] == pytest.approx(h["fixed_s"], abs=1e-9)
+    assert params["beta"] == pytest.approx(1.2, abs=1e-3)
+    for hook in ("allreduce", "fp16", "bf16"):  # powersgd's bytes never leave its floor: no beta in it
+        assert params["hooks"][hook]["floor_s"] == pytest.approx(TRUE["hooks"][hook]["floor_s"], rel=0.02)
     checked = check(synthetic_rows(), 50)
     assert checked["held_out_mbit"] == 50 and set(checked["per_hook"]) == set(TRUE["hooks"])
-    assert checked["worst"] < 1e-9
+    assert checked["worst"] < 0.01
 
 
 def test_the_check_fails_rows_the_model_cannot_explain():
@@ -79,14 +79,14 @@ def test_targets_name_the_best_hook_and_check_the_done_conditions():
 
 def test_json_has_rows_model_error_model_and_env(tmp_path, monkeypatch):
     monkeypatch.setattr(comm, "Cluster", lambda script: None)
-    monkeypatch.setattr(comm, "measure", lambda cluster, size, folder: (synthetic_rows(rates=(1000, 50, 10)), {0.0}))
+    monkeypatch.setattr(comm, "measure", lambda cluster, size, folder: synthetic_rows(rates=(1000, 50, 10)))
     out = tmp_path / "comm.json"
     comm.main(["--quick", "--json", str(out)])
     data = json.loads(out.read_text())
     assert {"rows", "model_error", "model", "env"} <= set(data)
     assert set(data["rows"][0]) >= {"rate_mbit", "delay_ms", "hook", "step_s", "compute_s", "comm_s",
                                     "exposed_comm_s", "bytes_per_step", "images_per_s"}
-    assert data["model_error"] == pytest.approx(0, abs=1e-6) and data["model"]["held_out_mbit"] == 50
+    assert data["model_error"] < 0.01 and data["model"]["held_out_mbit"] == 50
     assert "no netem" in data["env"]["note"]  # the delay asked for was not applied, and it says so
     table = data["model"]["scaling"]
     assert set(table["efficiency"]) == set(COMM_HOOKS) and len(table["efficiency"]["allreduce"]) == 5 * 4
@@ -121,7 +121,7 @@ def test_compare_plots_step_time_against_link_rate_per_hook(tmp_path):
 
 # ---- a real run across two hosts ------------------------------------------------------------
 def cluster_or_skip():
-    script = ROOT / "scripts" / "cluster.sh"
+    script = comm.CLUSTER  # scripts/cluster.sh, or $HARNESS_CLUSTER_SH
     if not script.is_file():
         pytest.skip("scripts/cluster.sh is not on this branch yet (issue 18)")
     why = subprocess.run(["bash", str(script), "check"], capture_output=True, text=True)

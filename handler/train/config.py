@@ -263,7 +263,7 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
 def changed_comm_options(cfg: Config) -> list:
     """The DDP communication flags (DESIGN.md §9) that differ from their defaults."""
     d = Config()
-    flags = (("--comm-hook", "comm_hook"), ("--powersgd-rank", "powersgd_rank"), ("--powersgd-warmup", "powersgd_warmup"),
-             ("--bucket-cap-mb", "bucket_cap_mb"), ("--static-graph", "static_graph"),
-             ("--grad-as-bucket-view", "grad_as_bucket_view"))
+    flags = (("--comm-hook", "comm_hook"), ("--powersgd-rank", "powersgd_rank"),
+             ("--powersgd-warmup", "powersgd_warmup"), ("--bucket-cap-mb", "bucket_cap_mb"),
+             ("--static-graph", "static_graph"), ("--grad-as-bucket-view", "grad_as_bucket_view"))
     return [flag for flag, name in flags if getattr(cfg, name) != getattr(d, name)]
