@@ -36,9 +36,9 @@ CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "clust
 SHAPED = "node1"  # rank 0's host; its link is the path's only shaped hop
 DELAY_MS = 0.5
 PORT = 29400  # inside the cluster's namespaces nothing else listens
-FULL = dict(model="resnet20", batch=16, warmup=3, rounds=6, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
+FULL = dict(model="resnet20", batch=16, warmup=3, rounds=8, steps=4, bucket_cap_mb=0.25, powersgd_rank=2,
             rates=(1000, 200, 50, 10), held_out=50)
-QUICK = dict(FULL, rounds=4, rates=(1000, 50, 10))
+QUICK = dict(FULL, rounds=6, steps=3, rates=(1000, 50, 10))
 TIMEOUT_S = 540
 # The per-GPU step for the scaling table. No GPU run of this repository has measured one
 # (README "GPU status"), so it is ASSUMED: ResNet-18 (CIFAR) is 0.56 GMAC per image, about
@@ -150,8 +150,8 @@ def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--rates", help="comma-separated Mbit/s (default: 1000,200,50,10; --quick 1000,50,10)")
     p.add_argument("--steps", type=int, help="timed steps per hook, rate and round")
-    p.add_argument("--rounds", type=int, help="rounds over the rates (full 6, --quick 4)")
-    p.add_argument("--gpu-epoch-s", type=float, default=ASSUMED_GPU_EPOCH_S,
+    p.add_argument("--rounds", type=int, help="rounds over the rates (full 8, --quick 6)")
+    p.add_argument("--gpu-epoch-s", type=float,
                    help=f"a measured 1-GPU ResNet-18 epoch (45,000 images, batch 256) for the scaling table "
                         f"(default: ASSUMED {ASSUMED_GPU_EPOCH_S:g} s, see docs/COMM.md)")
     args = p.parse_args(argv)
@@ -166,31 +166,37 @@ def main(argv=None) -> dict:
     mine = payloads(size["model"], size["powersgd_rank"], size["bucket_cap_mb"])
     for r in rows:
         r["payload_bytes_per_step"] = mine[r["hook"]]["payload_bytes"]
-    rates = sorted({r["rate_mbit"] for r in rows})
-    held_out = size["held_out"] if size["held_out"] in rates[1:-1] else None  # a rate between two fitted ones
-    if held_out is None and len(rates) > 2:
-        held_out = rates[len(rates) // 2]
-    checks = [check(rows, rate) for rate in rates] if len(rates) > 2 else []
-    main_check = next((c for c in checks if c["held_out_mbit"] == held_out), None)
-    model_error = main_check["worst"] if main_check else None
-    params = fit(rows) if len(rates) > 1 else None
-    prediction = None
-    if params:
-        params["hooks"]["allreduce"]["payload_bytes"] = mine["allreduce"]["payload_bytes"]
-        gpu_step = args.gpu_epoch_s / GPU_STEPS_PER_EPOCH
-        prediction = scaling(params, payloads("resnet18", size["powersgd_rank"], 25.0), gpu_step, LATENCY_US * 1e-6)
-        prediction["assumptions"] = assumptions(args.gpu_epoch_s, gpu_step, size)
+    model = modelled(rows, size, mine, args.gpu_epoch_s)
     env = {"cluster": str(CLUSTER), "shaped": f"{SHAPED}'s link, both directions", "delay_requested_ms": DELAY_MS,
            "delay_applied_ms": sorted(applied), "ranks": 2, "threads_per_rank": 1, "timing": TIMING,
            **{k: size[k] for k in ("model", "batch", "warmup", "rounds", "steps", "bucket_cap_mb", "powersgd_rank")}}
     if applied != {DELAY_MS}:
         env["note"] = (f"the kernel applied no {DELAY_MS} ms delay (no netem, CONFIG_NET_SCH_NETEM): rates are "
                        "shaped, latency is the bare veth's; the model's latency term is untested here")
-    model = {"formula": FORMULA,
-             "held_out_mbit": held_out, "fit_all_rates": params, "checks": checks, "scaling": prediction}
+    model_error = model.pop("error")
     results = {"rows": rows, "model_error": model_error, "model": model, "env": env,
                "targets": targets(rows, model_error)}
     return emit("comm", results, args, report(results), started)
+
+
+def modelled(rows: list, size: dict, mine: dict, gpu_epoch_s) -> dict:
+    """The model fitted on all rates, checked with each rate held out (the designated one,
+    between two fitted rates, gives model_error), and its ResNet-18 scaling prediction."""
+    rates = sorted({r["rate_mbit"] for r in rows})
+    held_out = size["held_out"] if size["held_out"] in rates[1:-1] else None
+    if held_out is None and len(rates) > 2:
+        held_out = rates[len(rates) // 2]
+    checks = [check(rows, rate) for rate in rates] if len(rates) > 2 else []
+    error = next((c["worst"] for c in checks if c["held_out_mbit"] == held_out), None)
+    params = fit(rows) if len(rates) > 1 else None
+    prediction = None
+    if params:
+        params["hooks"]["allreduce"]["payload_bytes"] = mine["allreduce"]["payload_bytes"]
+        gpu_step = (gpu_epoch_s or ASSUMED_GPU_EPOCH_S) / GPU_STEPS_PER_EPOCH
+        prediction = scaling(params, payloads("resnet18", size["powersgd_rank"], 25.0), gpu_step, LATENCY_US * 1e-6)
+        prediction["assumptions"] = assumptions(gpu_epoch_s, gpu_step)
+    return {"formula": FORMULA, "held_out_mbit": held_out, "error": error, "fit_all_rates": params,
+            "checks": checks, "scaling": prediction}
 
 
 FORMULA = "step = compute + max(0, max(floor, beta * wire_bytes * 8 / rate + messages * latency) - window)"
@@ -198,14 +204,14 @@ TIMING = ("in-process perf_counter timings of the ranges a profiled run marks (b
           "reduced by handler/profiling/comm.py's comm_stats, per step; medians over the timed steps")
 
 
-def assumptions(epoch_s: float, step_s: float, size: dict) -> list:
-    measured = epoch_s != ASSUMED_GPU_EPOCH_S
-    return [f"per-GPU step {step_s * 1e3:.0f} ms = {'MEASURED' if measured else 'ASSUMED'} 1-GPU epoch "
-            f"{epoch_s:g} s / {GPU_STEPS_PER_EPOCH} steps of 256 images"
-            + ("" if measured else " (no GPU run in this repository; estimate from 3.3 GFLOP/image at 15 TFLOP/s)"),
+def assumptions(measured_epoch_s, step_s: float) -> list:
+    epoch = f"MEASURED 1-GPU epoch {measured_epoch_s:g} s" if measured_epoch_s else (
+        f"ASSUMED 1-GPU epoch {ASSUMED_GPU_EPOCH_S:g} s (no GPU run in this repository; an estimate from "
+        "3.3 GFLOP per image at 15 TFLOP/s)")
+    return [f"per-GPU step {step_s * 1e3:.0f} ms = {epoch} / {GPU_STEPS_PER_EPOCH} steps of 256 images",
             "weak scaling: every GPU keeps 256 images per step; one GPU per node; ring all-reduce, "
             "2(n-1)/n of the payload per GPU",
-            f"latency {LATENCY_US} us per ring hop (assumed, not measured: no netem here)",
+            f"latency {LATENCY_US} us per ring hop (assumed, not measured)",
             "overlap window: the share of the step it had in the fitted rows (resnet20 on CPU)",
             "link efficiency beta and wire overhead as fitted on the shaped veth (TCP); compression "
             "compute on the GPU left out (unmeasured)"]

@@ -48,7 +48,9 @@ class PowerSGD:
         match expected size")."""
         if state.iter < state.start_powerSGD_iter:
             return powerSGD_hook(state, bucket)  # plain all-reduce, launched in order by DDP
-        done, previous = torch.futures.Future(), self.previous
+        buffer = bucket.buffer()  # a CUDA result needs a future that knows its device (stream sync)
+        done = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+        previous = self.previous
 
         def launch(_=None):
             try:
