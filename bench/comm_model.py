@@ -8,8 +8,8 @@ compute (step minus exposed comm) and window (backward compute between the first
 last bucket launch: what comm can hide behind) are each hook's medians over the fitted
 rows. comm is bandwidth-bound (beta: link efficiency, 1 when the shaped rate is fully
 used) or, on a fast link, bound below by a floor: the CPU's part of the exchange (copies,
-compression) and its contention with backward. beta (one for all hooks) and each hook's
-floor are least squares on the rows' comm.
+compression) and its contention with backward. The floor is the mean comm of the rows
+the wire cannot explain; beta (one for all hooks) is least squares on the rows' comm.
 """
 import math
 
@@ -18,6 +18,7 @@ import numpy as np
 NODES = (2, 4, 8, 16, 32)
 GBITS = (1, 10, 25, 100)
 BETAS = np.linspace(0.5, 2.0, 1501)
+FLOOR_MARGIN = 1.25
 
 
 def line_time(wire_bytes: float, rate_mbit: float) -> float:
@@ -47,17 +48,11 @@ def fit(rows) -> dict:
 
 
 def _best_floor(comm, line) -> tuple:
-    """The floor f minimising sum((max(f, line) - comm)^2): a mean of the comm values of the
-    rows it bounds, tried for each split of the rows sorted by line time."""
-    order = np.argsort(line)
-    comm, line = comm[order], line[order]
-    best = (0.0, float(np.sum((line - comm) ** 2)))
-    for k in range(1, len(comm) + 1):
-        floor = max(float(np.mean(comm[:k])), float(line[k - 1]))
-        err = float(np.sum((np.maximum(floor, line) - comm) ** 2))
-        if err < best[1]:
-            best = (floor, err)
-    return best
+    """The floor: the mean comm of the rows the wire cannot explain (comm above FLOOR_MARGIN
+    times their line time); none when every row is bandwidth-bound. Returns (floor, squared error)."""
+    bound = comm > FLOOR_MARGIN * line
+    floor = float(np.mean(comm[bound])) if bound.any() else 0.0
+    return floor, float(np.sum((np.maximum(floor, line) - comm) ** 2))
 
 
 def predict_step(params: dict, hook: str, rate_mbit: float, wire_bytes: float = None, latency_s: float = 0.0,
