@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from handler.common.synthetic import write_synthetic
+from handler.data.synthetic import write_synthetic
 from tests.conftest import ROOT, SLACK, hung, run_process, tail
 
 SCRIPT = ROOT / "scripts" / "cluster.sh"

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from handler.common.checkpoint import load_checkpoint
+from handler.train.checkpoint import load_checkpoint
 from tests.cluster_support import (JOB_S, TRAIN, assert_same_weights, final_weights, up_cluster)
 from tests.conftest import ROOT, read_metrics, run_process, tail
 
