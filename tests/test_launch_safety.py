@@ -17,7 +17,7 @@ from tests.nsys_helpers import REPO, path_without_nsys, profile, require_nsys
 
 LAUNCH = REPO / "scripts" / "launch.sh"
 FAKE_VERSION = "2022.4.2.1-fake"
-TINY = ["--dataset", "synthetic", "--synthetic-train", "128", "--synthetic-test", "32", "--batch-size", "32",
+TINY = ["--dataset", "synthetic", "--synthetic-train", "64", "--synthetic-test", "32", "--batch-size", "32",
         "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1", "--model", "resnet20"]
 FAKE_NSYS = f"""#!/bin/bash
 # nsys stand-in. FAKE_NSYS_AFTER: exit (default), hang (a stuck child, SIGTERM ignored) or
@@ -132,7 +132,7 @@ def test_the_lab_nsys_options_do_not_wait_for_a_process_the_program_left_behind(
     program would hold the profile open, and launch.sh with it."""
     pid_file = tmp_path / "orphan.pid"
     started = time.monotonic()
-    profile(["bash", "-c", f'sleep 60 & echo $! >"{pid_file}"'], tmp_path / "orphan", timeout=90)
+    profile(["bash", "-c", f'sleep 60 >/dev/null 2>&1 & echo $! >"{pid_file}"'], tmp_path / "orphan", timeout=90)
     assert time.monotonic() - started < 40
     orphan = int(pid_file.read_text())
     if process_exists(orphan):  # a sleep this test started
