@@ -103,7 +103,8 @@ def test_a_busy_nsys_writing_its_report_is_never_ended(tmp_path, fake_nsys):
 
 @pytest.mark.parametrize("timeout", ["0", "2m", "-5"])
 def test_a_bad_nsys_exit_timeout_fails_in_one_line(tmp_path, timeout):
-    run = run_process(["bash", LAUNCH], cwd=tmp_path, budget=10, env={"NSYS_EXIT_TIMEOUT": timeout})
+    run = run_process(["bash", LAUNCH, "--help"], cwd=tmp_path, budget=10,
+                      env={"NSYS_EXIT_TIMEOUT": timeout, "MODE": "dp", "PROFILE": "0", "PYTHON": sys.executable})
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         f"launch: NSYS_EXIT_TIMEOUT='{timeout}' is not a positive number of seconds; e.g. NSYS_EXIT_TIMEOUT=300"]
