@@ -51,6 +51,7 @@ case "$PROFILE" in
           else
               say "WARNING: nsys not found, running UNPROFILED" \
                   "(scripts/install_nsys.sh installs it, as root or with sudo; PROFILE=0 silences this)"
+              export HARNESS_PROFILE_NOTE="PROFILE=auto but no nsys could be found or installed: the run is unprofiled"
           fi ;;
 esac
 
