@@ -4,11 +4,12 @@ measured budget, shared training runs, and which tests may see GPUs.
 scripts/test.sh runs the suite on two pytest-xdist workers; plain `pytest` runs it in one
 process, and every test passes both ways. Each worker builds its own session and module
 fixtures, so (tests/xdist_groups.py):
-- a test that uses a module-scoped fixture runs on one worker with its file's other such
-  tests (an automatic group): the fixture is built once;
+- tests that use one module-scoped fixture run on one worker (an automatic group): the
+  fixture is built once;
 - an expensive session run is shared through a folder all workers see (shared_tmp), under
   a file lock, as two_epoch_run does: whichever worker needs it first trains it, once;
-- tests that must run on one worker together name a group: @pytest.mark.xdist_group("name").
+- tests that must run on one worker together name a group: @pytest.mark.xdist_group("name");
+- the slowest files are handed out first (SLOW_FIRST there): a new file of slow tests joins it.
 """
 import contextlib
 import fcntl
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from handler.runtime.devices import cuda_status  # noqa: E402
 from handler.data.synthetic import write_synthetic  # noqa: E402
 from tests.xdist_groups import (assign_groups, pytest_collection_finish, pytest_configure_node,  # noqa: E402,F401
-                                pytest_unconfigure, pytest_xdist_make_scheduler)
+                                pytest_unconfigure, pytest_xdist_make_scheduler, slow_first)
 
 # A small synthetic set: learnable in 2 epochs of resnet20, sizes deliberately not
 # divisible by the world sizes and batch sizes the tests use.
@@ -66,6 +67,8 @@ def pytest_collection_modifyitems(config, items):
                    else f"needs CUDA: {cuda_status()[1] or 'no GPU visible'}")
             item.add_marker(pytest.mark.skip(reason=why))
     assign_groups(items)
+    if hasattr(config, "workerinput"):  # an xdist worker
+        slow_first(items)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,8 +1,11 @@
-"""Which tests share a pytest-xdist worker (scripts/test.sh runs -n 2 --dist loadgroup).
+"""Which tests share a pytest-xdist worker, and in what order the workers get them
+(scripts/test.sh runs -n 2 --dist loadgroup).
 
-A test that uses a module-scoped fixture joins its file's group, so that fixture is built
-once; @pytest.mark.xdist_group("name") names a group by hand and wins. Each group runs on
-one worker, its tests in collection order; the other tests go wherever a worker is free.
+Groups: tests that use one instance of a module-scoped fixture form a group, so that the
+fixture is built once; @pytest.mark.xdist_group("name") names a group by hand and wins.
+Each group runs on one worker, its tests in collection order; the other tests go wherever
+a worker is free. Order: the files in SLOW_FIRST are handed out first, slowest first, so
+that the run ends on quick tests instead of one worker finishing a long one alone.
 
 pytest-xdist 3.8 groups by appending "@group" to node ids, which pytest 9.2's structured
 node ids silently drop (pytest-xdist#1386: every test scheduled on its own). So each worker
@@ -21,17 +24,47 @@ FOLDER = pytest.StashKey[str]()
 GROUPS_FILE = "test_groups_file"  # the workers' workerinput key
 
 
+# Files whose tests start training processes, slowest unit (a group or a test) first, from
+# --durations with two workers on the 2-core box. A new file of slow tests belongs here.
+SLOW_FIRST = ("test_launch.py", "test_compare.py", "test_pp.py", "test_resume_and_torchrun.py",
+              "test_faults.py", "test_bench.py", "test_training_modes.py", "test_safety.py",
+              "test_cpu_machine.py", "test_toolbox.py", "test_nvtx_overhead.py", "test_profile_report.py",
+              "test_devices.py", "test_ddp_correctness.py")
+
+
 def assign_groups(items) -> None:
+    """Tests sharing an instance of a module-scoped fixture (directly or through another
+    fixture) get one group, named after the first such fixture."""
+    owner = {}  # fixture instance -> the instance that names its group (union-find)
+
+    def root(key):
+        while owner.setdefault(key, key) != key:
+            key = owner[key]
+        return key
+
+    keys = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is None and uses_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
+        if item.get_closest_marker("xdist_group") is None:
+            keys[item] = module_fixtures(item)
+            for key in keys[item][1:]:
+                owner[root(key)] = root(keys[item][0])
+    for item, instances in keys.items():
+        if instances:
+            item.add_marker(pytest.mark.xdist_group(root(instances[0])))
 
 
-def uses_module_fixture(item) -> bool:
-    """Whether the test needs a fixture built once per module (or class, or package)."""
+def module_fixtures(item) -> list:
+    """'file::fixture[param]' for each fixture the test needs built once per module (or class, or package)."""
     info = getattr(item, "_fixtureinfo", None)
-    return info is not None and any(defs and defs[-1].scope in ("module", "class", "package")
-                                    for defs in info.name2fixturedefs.values())
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return [f"{item.path.name}::{name}" + (f"[{params[name]}]" if name in params else "")
+            for name, defs in sorted((info.name2fixturedefs if info else {}).items())
+            if defs and defs[-1].scope in ("module", "class", "package")]
+
+
+def slow_first(items) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order within
 
 
 def group_of(item):
@@ -63,6 +96,8 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     path = Path(config.stash[FOLDER], "groups.json")
+
+    config.option.loadscopereorder = False  # the workers' order (slow_first), not xdist's by group size
 
     class GroupScheduling(LoadScopeScheduling):
         """xdist's loadgroup, with the groups read from the workers' file."""
