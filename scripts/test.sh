@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the test suite needs, then the suite. Used by CI and by the README.
 # Two pytest-xdist workers (none on a 1-core machine; TEST_WORKERS=N chooses): the tests'
-# own processes leave a core idle a third of the time, and tests/xdist_groups.py keeps
+# own processes leave a core idle a third of the time, and tests/parallel.py keeps
 # the tests that share a module's fixture on one worker. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,16 +3,15 @@ measured budget, shared training runs, and which tests may see GPUs.
 
 scripts/test.sh runs the suite on two pytest-xdist workers; plain `pytest` runs it in one
 process, and every test passes both ways. Each worker builds its own session and module
-fixtures, so (tests/xdist_groups.py):
+fixtures, so (tests/parallel.py):
 - tests that use one module-scoped fixture run on one worker (an automatic group): the
   fixture is built once;
 - an expensive session run is shared through a folder all workers see (shared_tmp), under
   a file lock, as two_epoch_run does: whichever worker needs it first trains it, once;
 - tests that must run on one worker together name a group: @pytest.mark.xdist_group("name");
-- the slowest files are handed out first (SLOW_FIRST there): a new file of slow tests joins it.
+- the slowest files are handed out first (SLOW_FIRST there): a new file of slow tests joins it;
+- what must not run beside its like takes turns: with one_at_a_time("nsys"), as nsys runs do.
 """
-import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -28,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from handler.runtime.devices import cuda_status  # noqa: E402
 from handler.data.synthetic import write_synthetic  # noqa: E402
-from tests.xdist_groups import (assign_groups, pytest_collection_finish, pytest_configure_node,  # noqa: E402,F401
-                                pytest_unconfigure, pytest_xdist_make_scheduler, slow_first)
+from tests.parallel import (assign_groups, locked, pytest_collection_finish, pytest_configure,  # noqa: E402,F401
+                            pytest_configure_node, pytest_unconfigure, pytest_xdist_make_scheduler, slow_first)
 
 # A small synthetic set: learnable in 2 epochs of resnet20, sizes deliberately not
 # divisible by the world sizes and batch sizes the tests use.
@@ -164,17 +163,6 @@ def shared_tmp(tmp_path_factory) -> Path:
     """A folder that every xdist worker of this session sees (the session's own without xdist)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Holds an exclusive lock on `path` (created if missing) across processes."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
-"""Which tests share a pytest-xdist worker, and in what order the workers get them
-(scripts/test.sh runs -n 2 --dist loadgroup).
+"""Running the suite on pytest-xdist workers (scripts/test.sh: -n 2 --dist loadgroup): which
+tests share a worker, in what order the workers get them, and what runs one at a time.
 
-Groups: tests that use one instance of a module-scoped fixture form a group, so that the
-fixture is built once; @pytest.mark.xdist_group("name") names a group by hand and wins.
+Groups: tests that use one module-scoped fixture form a group, so that the fixture is
+built once (each of its parameters once); @pytest.mark.xdist_group("name") names a group by hand and wins.
 Each group runs on one worker, its tests in collection order; the other tests go wherever
 a worker is free. Order: the files in SLOW_FIRST are handed out first, slowest first, so
 that the run ends on quick tests instead of one worker finishing a long one alone.
@@ -11,7 +11,12 @@ pytest-xdist 3.8 groups by appending "@group" to node ids, which pytest 9.2's st
 node ids silently drop (pytest-xdist#1386: every test scheduled on its own). So each worker
 writes the groups it collected to a file and the controller's scheduler reads them there:
 grouping that works with any pytest. tests/conftest.py imports these hooks.
+
+One at a time: nsys 2022.4 sessions that start together can fail (sem_open: "No such file
+or directory", seen with three started at once), so profiled runs take turns (one_at_a_time).
 """
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -20,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
-FOLDER = pytest.StashKey[str]()
-GROUPS_FILE = "test_groups_file"  # the workers' workerinput key
+FOLDER = pytest.StashKey[str]()  # the controller's folder for this run: groups file, locks
+RUN_FOLDER = "test_run_folder"  # the workers' workerinput key for it
+shared = {}  # in a worker: "folder"
 
 
 # Files whose tests start training processes, slowest unit (a group or a test) first, from
@@ -33,9 +39,9 @@ SLOW_FIRST = ("test_launch.py", "test_compare.py", "test_pp.py", "test_resume_an
 
 
 def assign_groups(items) -> None:
-    """Tests sharing an instance of a module-scoped fixture (directly or through another
-    fixture) get one group, named after the first such fixture."""
-    owner = {}  # fixture instance -> the instance that names its group (union-find)
+    """Tests sharing a module-scoped fixture (directly or through another fixture) get one
+    group, named after the first such fixture."""
+    owner = {}  # fixture -> the fixture that names its group (union-find)
 
     def root(key):
         while owner.setdefault(key, key) != key:
@@ -54,11 +60,10 @@ def assign_groups(items) -> None:
 
 
 def module_fixtures(item) -> list:
-    """'file::fixture[param]' for each fixture the test needs built once per module (or class, or package)."""
+    """'file::fixture' for each fixture the test needs built once per module (or class, or
+    package). Every parameter of one fixture is one group: a worker builds them in turn."""
     info = getattr(item, "_fixtureinfo", None)
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    return [f"{item.path.name}::{name}" + (f"[{params[name]}]" if name in params else "")
-            for name, defs in sorted((info.name2fixturedefs if info else {}).items())
+    return [f"{item.path.name}::{name}" for name, defs in sorted((info.name2fixturedefs if info else {}).items())
             if defs and defs[-1].scope in ("module", "class", "package")]
 
 
@@ -72,11 +77,37 @@ def group_of(item):
     return "_".join(sorted(names)) or None
 
 
+@contextlib.contextmanager
+def locked(path):
+    """Holds an exclusive lock on `path` (created if missing) across processes."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def one_at_a_time(name: str):
+    """While this is held, no other xdist worker of this run holds one_at_a_time(name)."""
+    if "folder" not in shared:  # one process: nothing runs beside it
+        yield
+        return
+    with locked(os.path.join(shared["folder"], f"{name}.lock")):
+        yield
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config, "workerinput"):
+        shared["folder"] = config.workerinput[RUN_FOLDER]
+
+
 @pytest.hookimpl(tryfirst=True)  # a worker: before it reports its collection to the controller
 def pytest_collection_finish(session) -> None:
-    path = getattr(session.config, "workerinput", {}).get(GROUPS_FILE)
-    if path:
+    if "folder" in shared:
         groups = {item.nodeid: group for item in session.items if (group := group_of(item))}
+        path = os.path.join(shared["folder"], "groups.json")
         partial = f"{path}.{os.getpid()}"
         Path(partial).write_text(json.dumps(groups))
         os.replace(partial, path)  # every worker writes the same map; none reads half of one
@@ -85,8 +116,8 @@ def pytest_collection_finish(session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     if FOLDER not in node.config.stash:
-        node.config.stash[FOLDER] = tempfile.mkdtemp(prefix="test-groups-")
-    node.workerinput[GROUPS_FILE] = os.path.join(node.config.stash[FOLDER], "groups.json")
+        node.config.stash[FOLDER] = tempfile.mkdtemp(prefix="pytest-run-")
+    node.workerinput[RUN_FOLDER] = node.config.stash[FOLDER]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -96,7 +127,6 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     path = Path(config.stash[FOLDER], "groups.json")
-
     config.option.loadscopereorder = False  # the workers' order (slow_first), not xdist's by group size
 
     class GroupScheduling(LoadScopeScheduling):
