@@ -2,7 +2,8 @@
 tests share a worker, in what order the workers get them, and what runs one at a time.
 
 Groups: tests that use one module-scoped fixture form a group, so that the fixture is
-built once (each of its parameters once); @pytest.mark.xdist_group("name") names a group by hand and wins.
+built once (each of its parameters once); GPU tests form one group, so that they never share
+the GPUs with each other; @pytest.mark.xdist_group("name") names a group by hand and wins.
 Each group runs on one worker, its tests in collection order; the other tests go wherever
 a worker is free. Order: the files in SLOW_FIRST are handed out first, slowest first, so
 that the run ends on quick tests instead of one worker finishing a long one alone.
@@ -28,19 +29,20 @@ import pytest
 FOLDER = pytest.StashKey[str]()  # the controller's folder for this run: groups file, locks
 RUN_FOLDER = "test_run_folder"  # the workers' workerinput key for it
 shared = {}  # in a worker: "folder"
+held = {}  # one_at_a_time names this worker holds
 
 
 # Files whose tests start training processes, slowest unit (a group or a test) first, from
 # --durations with two workers on the 2-core box. A new file of slow tests belongs here.
-SLOW_FIRST = ("test_launch.py", "test_compare.py", "test_pp.py", "test_resume_and_torchrun.py",
-              "test_faults.py", "test_bench.py", "test_training_modes.py", "test_safety.py",
-              "test_cpu_machine.py", "test_toolbox.py", "test_nvtx_overhead.py", "test_profile_report.py",
-              "test_devices.py", "test_ddp_correctness.py")
+SLOW_FIRST = ("test_launch.py", "test_comm_hooks.py", "test_compare.py", "test_pp.py", "test_resume_and_torchrun.py",
+              "test_faults.py", "test_toolbox.py", "test_bench.py", "test_training_modes.py", "test_safety.py",
+              "test_launch_safety.py", "test_cpu_machine.py", "test_nvtx_overhead.py", "test_profile_report.py",
+              "test_devices.py", "test_nsys_install.py", "test_ddp_correctness.py", "test_hosts.py")
 
 
 def assign_groups(items) -> None:
     """Tests sharing a module-scoped fixture (directly or through another fixture) get one
-    group, named after the first such fixture."""
+    group, named after the first such fixture; GPU tests share one group, "gpu"."""
     owner = {}  # fixture -> the fixture that names its group (union-find)
 
     def root(key):
@@ -51,7 +53,7 @@ def assign_groups(items) -> None:
     keys = {}
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            keys[item] = module_fixtures(item)
+            keys[item] = module_fixtures(item) + (["gpu"] if uses_gpus(item) else [])
             for key in keys[item][1:]:
                 owner[root(key)] = root(keys[item][0])
     for item, instances in keys.items():
@@ -65,6 +67,10 @@ def module_fixtures(item) -> list:
     info = getattr(item, "_fixtureinfo", None)
     return [f"{item.path.name}::{name}" for name, defs in sorted((info.name2fixturedefs if info else {}).items())
             if defs and defs[-1].scope in ("module", "class", "package")]
+
+
+def uses_gpus(item) -> bool:
+    return item.get_closest_marker("gpu") is not None or item.get_closest_marker("gpus") is not None
 
 
 def slow_first(items) -> None:
@@ -90,12 +96,17 @@ def locked(path):
 
 @contextlib.contextmanager
 def one_at_a_time(name: str):
-    """While this is held, no other xdist worker of this run holds one_at_a_time(name)."""
-    if "folder" not in shared:  # one process: nothing runs beside it
+    """While this is held, no other xdist worker of this run holds one_at_a_time(name).
+    Nested use in one worker is fine: only the outermost takes the lock."""
+    if "folder" not in shared or held.get(name):  # one process, or held already: nothing runs beside it
         yield
         return
-    with locked(os.path.join(shared["folder"], f"{name}.lock")):
-        yield
+    held[name] = True
+    try:
+        with locked(os.path.join(shared["folder"], f"{name}.lock")):
+            yield
+    finally:
+        held[name] = False
 
 
 def pytest_configure(config) -> None:
