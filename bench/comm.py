@@ -6,9 +6,9 @@ Two hosts of scripts/cluster.sh (`up --net-only`: network namespaces on a bridge
 in the root namespace, addresses from 198.18.0.0/24), one rank on each, gloo over their
 link, one DDP model per hook in each rank (bench/comm_worker.py). Rounds go over the rates:
 rank 0 reshapes node1's link (`scripts/cluster.sh shape node1`: both directions, tbf rate,
-netem delay where the kernel has netem), then every hook takes one untimed and a few timed
-steps. Rates and hooks rotate from round to round, so load from other jobs that drifts
-over minutes reaches all of them alike. resnet20, global batch 16, buckets of 0.25 MB
+netem delay where the kernel has netem), one untimed step lets TCP settle, then the hooks
+take turns, step by step, for a few timed steps each. The rate order rotates from round to
+round, so load from other jobs that comes and goes reaches every rate and hook alike. resnet20, global batch 16, buckets of 0.25 MB
 (4 buckets, so backward has something to overlap with), one thread per rank: at 10 Mbit/s
 plain all-reduce's exposed comm is most of the step.
 
@@ -36,9 +36,9 @@ CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "clust
 SHAPED = "node1"  # rank 0's host; its link is the path's only shaped hop
 DELAY_MS = 0.5
 PORT = 29400  # inside the cluster's namespaces nothing else listens
-FULL = dict(model="resnet20", batch=16, warmup=3, rounds=8, steps=4, bucket_cap_mb=0.25, powersgd_rank=2,
+FULL = dict(model="resnet20", batch=16, warmup=3, rounds=10, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
             rates=(1000, 200, 50, 10), held_out=50)
-QUICK = dict(FULL, rounds=6, steps=3, rates=(1000, 50, 10))
+QUICK = dict(FULL, rounds=8, rates=(1000, 50, 10))
 TIMEOUT_S = 540
 # The per-GPU step for the scaling table. No GPU run of this repository has measured one
 # (README "GPU status"), so it is ASSUMED: ResNet-18 (CIFAR) is 0.56 GMAC per image, about
@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--rates", help="comma-separated Mbit/s (default: 1000,200,50,10; --quick 1000,50,10)")
     p.add_argument("--steps", type=int, help="timed steps per hook, rate and round")
-    p.add_argument("--rounds", type=int, help="rounds over the rates (full 8, --quick 6)")
+    p.add_argument("--rounds", type=int, help="rounds over the rates (full 10, --quick 8)")
     p.add_argument("--gpu-epoch-s", type=float,
                    help=f"a measured 1-GPU ResNet-18 epoch (45,000 images, batch 256) for the scaling table "
                         f"(default: ASSUMED {ASSUMED_GPU_EPOCH_S:g} s, see docs/COMM.md)")

@@ -114,9 +114,9 @@ def shape(cluster: str, rate: float, delay_ms: float) -> float:
 
 
 def measure(size: dict, hooks: list, rates: list, rank: int, world: int, cluster: str, delay_ms: float) -> list:
-    """Rounds over the rates, each rate's block over the hooks (both orders rotating), so load
-    that drifts over minutes reaches every rate and hook alike. After each reshaping every hook
-    takes one untimed step (TCP settles to the new rate), then the timed ones."""
+    """Rounds over the rates (the order rotating), and in each rate's block the hooks step by
+    step, so load that drifts over minutes reaches every rate and hook alike. After each
+    reshaping one untimed step lets TCP settle to the new rate."""
     models = {hook: Hooked(hook, size, rank, world) for hook in hooks}
     for m in models.values():
         for _ in range(size["warmup"]):  # DDP rebuilds its buckets; PowerSGD compresses from step 2
@@ -129,11 +129,13 @@ def measure(size: dict, hooks: list, rates: list, rank: int, world: int, cluster
             if rank == 0:
                 applied[rate] = shape(cluster, rate, delay_ms)
             torch.distributed.barrier()
-            for hook in hooks[r % len(hooks):] + hooks[:r % len(hooks)]:
-                models[hook].step()
-                before = sent_bytes()
-                steps[(rate, hook)] += [models[hook].step() for _ in range(size["steps"])]
-                sent[(rate, hook)] += sent_bytes() - before
+            order = hooks[r % len(hooks):] + hooks[:r % len(hooks)]
+            models[order[-1]].step()  # the hooks share one gloo group: one step settles its TCP
+            for _ in range(size["steps"]):
+                for hook in order:  # step by step, so load that comes and goes hits every hook
+                    before = sent_bytes()
+                    steps[(rate, hook)].append(models[hook].step())
+                    sent[(rate, hook)] += sent_bytes() - before
             torch.distributed.barrier()
     rows = []
     for (rate, hook), timed in steps.items():
