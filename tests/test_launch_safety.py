@@ -102,6 +102,14 @@ def test_a_busy_nsys_writing_its_report_is_never_ended(tmp_path, fake_nsys):
     assert "did not exit" not in run.stderr
 
 
+def test_a_busy_nsys_is_still_ended_ten_timeouts_after_training_finished(tmp_path, fake_nsys):
+    run = launch(tmp_path, budget=25, PATH=fake_nsys, FAKE_NSYS_AFTER="busy", FAKE_NSYS_BUSY_S="600",
+                 NSYS_EXIT_TIMEOUT="1")
+    assert run.returncode == 124, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert "nsys was still running 10 s after training finished" in last and "report is kept" in last, last
+
+
 @pytest.mark.parametrize("timeout", ["0", "2m", "-5"])
 def test_a_bad_nsys_exit_timeout_fails_in_one_line(tmp_path, timeout):
     run = run_process(["bash", LAUNCH, "--help"], cwd=tmp_path, budget=10,
