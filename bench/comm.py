@@ -8,9 +8,10 @@ link, one DDP model per hook in each rank (bench/comm_worker.py). Rounds go over
 rank 0 reshapes node1's link (`scripts/cluster.sh shape node1`: both directions, tbf rate,
 netem delay where the kernel has netem), one untimed step lets TCP settle, then the hooks
 take turns, step by step, for a few timed steps each. The rate order rotates from round to
-round, so load from other jobs that comes and goes reaches every rate and hook alike. resnet20, global batch 16, buckets of 0.25 MB
-(4 buckets, so backward has something to overlap with), one thread per rank: at 10 Mbit/s
-plain all-reduce's exposed comm is most of the step.
+round, so load from other jobs that comes and goes reaches every rate and hook alike.
+resnet20, global batch 16, buckets of 0.25 MB (4 buckets, so backward has something to
+overlap with), one thread per rank: at 10 Mbit/s plain all-reduce's exposed comm is most
+of the step.
 
 Per row: step_s (median), compute_s (step minus exposed comm), comm_s, exposed_comm_s (as
 the profile report computes them from `allreduce b{k}` ranges, here timed in-process),
