@@ -51,30 +51,32 @@ LATENCY_US = 25  # assumed per-hop latency of a real cluster's TCP network insid
 
 
 class Cluster:
-    """The verbs of scripts/cluster.sh that this bench uses."""
+    """The verbs of scripts/cluster.sh that this bench uses, on a cluster of its own: its own
+    CLUSTER_STATE folder, so a cluster someone else has up is never touched."""
 
-    def __init__(self, script: Path):
+    def __init__(self, script: Path, state: Path):
         if not script.is_file():
             raise UserError(f"{script} is missing: bench.comm runs on the hosts of scripts/cluster.sh "
                             "(multi-node work, issue 18); set HARNESS_CLUSTER_SH to a copy of it")
-        self.script = script
+        self.script, self.env = script, {**os.environ, "CLUSTER_STATE": str(state)}
 
     def __call__(self, *args) -> str:
-        done = subprocess.run(["bash", str(self.script), *args], cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(["bash", str(self.script), *args], cwd=ROOT, capture_output=True, text=True,
+                              env=self.env)
         if done.returncode:
             raise UserError(f"scripts/cluster.sh {' '.join(args)} failed: "
                             f"{(done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]}")
         return done.stdout + done.stderr
 
     def start(self, node: str, argv: list, env: dict, log) -> subprocess.Popen:
-        return subprocess.Popen(["bash", str(self.script), "exec", node, *argv], cwd=ROOT, env=env,
+        return subprocess.Popen(["bash", str(self.script), "exec", node, *argv], cwd=ROOT, env={**self.env, **env},
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_workers(cluster: Cluster, size: dict, folder: Path) -> list:
     """Both ranks, every rate and hook (bench/comm_worker.py); rank 0's rows."""
     out = folder / "rows.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "PYTHONUNBUFFERED": "1"}
     worker_size = {k: size[k] for k in ("model", "batch", "warmup", "rounds", "steps", "bucket_cap_mb",
                                         "powersgd_rank")}
     procs, logs = [], []
@@ -136,8 +138,8 @@ def targets(rows: list, model_error) -> dict:
 
 
 def measure(cluster: Cluster, size: dict, folder: Path) -> list:
-    """The cluster is up only inside, and always taken down."""
-    cluster("down")  # whatever an interrupted run left
+    """The cluster is up only inside, and always taken down (SIGTERM too)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         cluster("up", "--net-only", "--nodes", "2")
         print(f"bench.comm: 2 hosts up; {size['rounds']} rounds over {', '.join(f'{r:g}' for r in size['rates'])} "
@@ -162,7 +164,7 @@ def main(argv=None) -> dict:
         size["rates"] = tuple(float(r) for r in args.rates.split(","))
     size.update({k: getattr(args, k) for k in ("steps", "rounds") if getattr(args, k)})
     with tempfile.TemporaryDirectory(prefix="bench-comm-") as folder:
-        rows = measure(Cluster(CLUSTER), size, Path(folder))
+        rows = measure(Cluster(CLUSTER, Path(folder) / "cluster"), size, Path(folder))
     applied = {r["delay_ms"] for r in rows}
     mine = payloads(size["model"], size["powersgd_rank"], size["bucket_cap_mb"])
     for r in rows:

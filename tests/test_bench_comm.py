@@ -78,7 +78,7 @@ def test_targets_name_the_best_hook_and_check_the_done_conditions():
 
 
 def test_json_has_rows_model_error_model_and_env(tmp_path, monkeypatch):
-    monkeypatch.setattr(comm, "Cluster", lambda script: None)
+    monkeypatch.setattr(comm, "Cluster", lambda script, state: None)
     monkeypatch.setattr(comm, "measure", lambda cluster, size, folder: synthetic_rows(rates=(1000, 50, 10)))
     out = tmp_path / "comm.json"
     comm.main(["--quick", "--json", str(out)])
@@ -96,7 +96,7 @@ def test_json_has_rows_model_error_model_and_env(tmp_path, monkeypatch):
 
 def test_a_missing_cluster_script_is_one_line(tmp_path):
     with pytest.raises(UserError, match="bench.comm runs on the hosts of scripts/cluster.sh"):
-        comm.Cluster(tmp_path / "cluster.sh")
+        comm.Cluster(tmp_path / "cluster.sh", tmp_path / "state")
 
 
 def test_compare_sweeps_hooks_over_the_ddp_variants_only():
