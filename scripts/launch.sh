@@ -51,6 +51,7 @@ case "$PROFILE" in
           else
               say "WARNING: nsys not found, running UNPROFILED" \
                   "(scripts/install_nsys.sh installs it, as root or with sudo; PROFILE=0 silences this)"
+              export HARNESS_PROFILE_NOTE="PROFILE=auto but no nsys could be found or installed: the run is unprofiled"
           fi ;;
 esac
 
@@ -128,6 +129,7 @@ if [[ $profiled == 1 ]]; then
     # nsys stays in the foreground (Ctrl-C reaches it as before); a watchdog ends it by PID if
     # it is stuck after training finished (scripts/nsys_watch.sh).
     watch_dir="$(mktemp -d -t launch-nsys-XXXXXX)"
+    trap 'rm -rf "$watch_dir"' EXIT
     bash "$ROOT/scripts/nsys_watch.sh" "$watch_dir/pid" "$metrics" "$watch_dir/cause" "$NSYS_EXIT_TIMEOUT" &
     watchdog=$!
     bash -c 'echo $$ >"$0"; exec "$@"' "$watch_dir/pid" \
@@ -135,10 +137,10 @@ if [[ $profiled == 1 ]]; then
         || status=$?
     wait "$watchdog" || true
     if [[ -s "$watch_dir/cause" ]]; then
-        stuck="nsys $HARNESS_NSYS did not exit: $(cat "$watch_dir/cause") (NSYS_EXIT_TIMEOUT=$NSYS_EXIT_TIMEOUT, a known exit hang of nsys 2022.4; a newer nsys avoids it); the metrics are complete"
+        stuck="nsys $HARNESS_NSYS did not exit: $(cat "$watch_dir/cause") (NSYS_EXIT_TIMEOUT=$NSYS_EXIT_TIMEOUT;"
+        stuck+=" a known exit hang of nsys 2022.4, a newer nsys avoids it); the metrics are complete"
         status=124
     fi
-    rm -rf "$watch_dir"
 else
     "${train[@]}" || status=$?
 fi
@@ -153,5 +155,8 @@ if [[ $profiled == 1 && -f "$report" ]]; then
         && say "summary: $NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.summary.md" || true
 fi
 # Last, so that it is the line a user sees.
-[[ -n $stuck ]] && say "$stuck"
+if [[ -n $stuck ]]; then
+    [[ -f "$report" ]] && stuck+=", the report is kept" || stuck+=", no report was written"
+    say "$stuck"
+fi
 exit "$status"

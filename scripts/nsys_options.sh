@@ -12,10 +12,18 @@
 #   defaults  2.7 MB report, 150 MB intermediate
 #   these     1.0 MB report,  30 MB intermediate
 # docs/PROFILING.md has the details.
+#
+# --wait=primary: nsys stops when the program exits, instead of also waiting for processes
+# the program left behind (the default, all). One leftover would otherwise hold the profile,
+# and launch.sh, open: a program leaving a 60 s sleep behind took 63 s under the default and
+# 3 s with primary (nsys 2022.4). The ranks are joined before the program exits, so the
+# report loses nothing; a leftover runs on, as it would without nsys. It does not help a
+# process that is itself stuck at exit: launch.sh's watchdog (scripts/nsys_watch.sh) does.
 NSYS_PROFILE_OPTS=(
     --trace=cuda,cublas,cudnn,nvtx,osrt
     --sample=none
     --cpuctxsw=none
+    --wait=primary
     --force-overwrite=true
 )
 

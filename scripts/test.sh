@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Everything the test suite needs, then the suite. Used by CI and by the README.
+# Two pytest-xdist workers (none on a 1-core machine; TEST_WORKERS=N chooses): the tests'
+# own processes leave a core idle a third of the time, and tests/parallel.py keeps
+# the tests that share a module's fixture on one worker. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh requirements-test.txt
@@ -10,4 +13,5 @@ if ! bash scripts/install_nsys.sh; then
     fi
     echo "test: Nsight Systems unavailable: profiling tests will be skipped" >&2
 fi
-exec .venv/bin/python -m pytest "$@"
+workers="${TEST_WORKERS:-$(( $(nproc) >= 2 ? 2 : 0 ))}"
+exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"

@@ -1,5 +1,17 @@
 """Shared fixtures: small datasets in the real CIFAR layout, running the CLI within a
-measured budget, shared training runs, and which tests may see GPUs."""
+measured budget, shared training runs, and which tests may see GPUs.
+
+scripts/test.sh runs the suite on two pytest-xdist workers; plain `pytest` runs it in one
+process, and every test passes both ways. Each worker builds its own session and module
+fixtures, so (tests/parallel.py):
+- tests that use one module-scoped fixture run on one worker (an automatic group): the
+  fixture is built once;
+- an expensive session run is shared through a folder all workers see (shared_tmp), under
+  a file lock, as two_epoch_run does: whichever worker needs it first trains it, once;
+- tests that must run on one worker together name a group: @pytest.mark.xdist_group("name");
+- the slowest files are handed out first (SLOW_FIRST there): a new file of slow tests joins it;
+- what must not run beside its like takes turns: with one_at_a_time("nsys"), as nsys runs do.
+"""
 import functools
 import json
 import os
@@ -15,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from handler.runtime.devices import cuda_status  # noqa: E402
 from handler.data.synthetic import write_synthetic  # noqa: E402
+from tests.parallel import (assign_groups, locked, pytest_collection_finish, pytest_configure,  # noqa: E402,F401
+                            pytest_configure_node, pytest_unconfigure, pytest_xdist_make_scheduler, slow_first)
 
 # A small synthetic set: learnable in 2 epochs of resnet20, sizes deliberately not
 # divisible by the world sizes and batch sizes the tests use.
@@ -42,6 +56,7 @@ def gpus_needed(item) -> int:
     return 1 if item.get_closest_marker("gpu") is not None else 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     count = gpu_count()
     for item in items:
@@ -50,6 +65,9 @@ def pytest_collection_modifyitems(config, items):
             why = (f"needs {needed} GPUs, {count} visible" if count
                    else f"needs CUDA: {cuda_status()[1] or 'no GPU visible'}")
             item.add_marker(pytest.mark.skip(reason=why))
+    assign_groups(items)
+    if hasattr(config, "workerinput"):  # an xdist worker
+        slow_first(items)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -141,6 +159,12 @@ def read_metrics(path) -> dict:
 
 
 # ---- data and shared runs --------------------------------------------------------------
+def shared_tmp(tmp_path_factory) -> Path:
+    """A folder that every xdist worker of this session sees (the session's own without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory) -> Path:
     """A --data folder whose synthetic dataset is already generated."""
@@ -163,13 +187,26 @@ def two_epoch_args(mode, folder) -> list:
 @pytest.fixture(scope="session")
 def two_epoch_run(data_root, tmp_path_factory):
     """run(mode) -> (CompletedProcess, folder): one finished two-epoch run per mode, trained
-    once per session and shared by the tests that only read it. Never write into it."""
+    once per session (by whichever xdist worker asks first) and shared by the tests that
+    only read it. Never write into it."""
     runs = {}
 
     def run(mode):
         if mode not in runs:
-            folder = tmp_path_factory.mktemp(f"{mode}_two_epochs")
-            proc = run_cli(["--data", data_root, *two_epoch_args(mode, folder)], budget=TWO_EPOCH_BUDGET[mode])
+            folder = shared_tmp(tmp_path_factory) / f"{mode}_two_epochs"
+            record = folder.with_name(folder.name + ".json")
+            with locked(folder.with_name(folder.name + ".lock")):
+                if not record.exists():  # a run that hung is not tried again by the next test
+                    outcome = {"args": [], "returncode": -1, "stdout": "",
+                               "stderr": f"the {mode} two-epoch run did not finish: see the test that started it"}
+                    try:
+                        proc = run_cli(["--data", data_root, *two_epoch_args(mode, folder)],
+                                       budget=TWO_EPOCH_BUDGET[mode])
+                        outcome = {"args": proc.args, "returncode": proc.returncode,
+                                   "stdout": proc.stdout, "stderr": proc.stderr}
+                    finally:
+                        record.write_text(json.dumps(outcome))
+                proc = subprocess.CompletedProcess(**json.loads(record.read_text()))
             assert proc.returncode == 0, proc.stderr[-3000:]
             runs[mode] = proc, folder
         return runs[mode]

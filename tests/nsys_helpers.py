@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.parallel import one_at_a_time
+
 REPO = Path(__file__).resolve().parents[1]
 NSYS_OPTIONS = REPO / "scripts" / "nsys_options.sh"
 
@@ -34,8 +36,9 @@ def profile_options() -> list[str]:
 
 def profile(command: list[str], output: Path, timeout: float = 120) -> Path:
     """Run command under nsys with the lab's options; returns the .nsys-rep."""
-    result = subprocess.run([require_nsys(), "profile", *profile_options(), f"--output={output}", *command],
-                            capture_output=True, text=True, timeout=timeout)
+    with one_at_a_time("nsys"):
+        result = subprocess.run([require_nsys(), "profile", *profile_options(), f"--output={output}", *command],
+                                capture_output=True, text=True, timeout=timeout)
     report = output.with_name(output.name + ".nsys-rep")
     assert result.returncode == 0 and report.is_file(), result.stdout[-2000:] + result.stderr[-2000:]
     return report

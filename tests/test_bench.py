@@ -1,11 +1,14 @@
 """Each bench/ script runs in --quick mode and writes its JSON; values are sane, never timed."""
 import json
 import math
+import os
 import sys
+import time
 
 import pytest
+import torch.multiprocessing as mp
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, SLACK, hung, run_cli
 
 # One thread per process: quicker on a busy 2-core machine, and these tests time nothing.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -60,6 +63,40 @@ def test_ddp_scaling_bench_measures_three_configurations_and_the_no_allreduce_ce
                                     "2 ranks x 1 thread / 1 rank x 2 threads"}
     assert all(positive(t["value"]) for t in data["targets"].values())
     assert positive(data["ratios"]["2 ranks x 1 thread, no all-reduce / 1 rank x 2 threads"])
+
+
+# The threads a gloo process group runs: its workers, gloo's socket loop, and (rank 0) the store server.
+GROUP_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv")
+
+
+def ddp_scaling_rank_then_threads(proc_id, world, port, out_dir):
+    """One rank of bench.ddp_scaling's 2-rank DDP measurement, then the threads its process
+    still runs once the rank has returned, as mp.spawn's exit would find them."""
+    from bench import ddp_scaling
+    ddp_scaling.worker(proc_id, world, 1, True, port, ddp_scaling.QUICK, os.path.join(out_dir, "rates.json"))
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    with open(os.path.join(out_dir, f"threads{proc_id}.json"), "w") as f:
+        json.dump(names, f)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+def test_ddp_scaling_ranks_end_their_process_group_before_the_interpreter_exits(tmp_path):
+    """The SIGABRT at exit ("terminate called without an active exception", rank 0): DDP's set-up
+    imported torch.distributed.nn, whose group.WORLD default arguments kept the group, and with
+    it gloo's threads and rank 0's store server, alive past destroy_process_group into exit."""
+    from bench.common import free_port
+    budget = 20  # s, measured (one 2-rank spawn; 45-60 s at load 10)
+    ctx = mp.start_processes(ddp_scaling_rank_then_threads, args=(2, free_port(), str(tmp_path)), nprocs=2,
+                             start_method="spawn", join=False)
+    deadline = time.time() + SLACK * budget
+    while not ctx.join(timeout=1):
+        if time.time() > deadline:
+            for process in ctx.processes:
+                process.kill()
+            hung(["spawn", "bench.ddp_scaling.worker", "x2"], SLACK * budget)
+    for rank in range(2):
+        left = json.loads((tmp_path / f"threads{rank}.json").read_text())
+        assert not [name for name in left if name in GROUP_THREADS], (rank, left)
 
 
 def test_gpu_bench_skips_cleanly_without_cuda_or_times_both_modes(tmp_path):

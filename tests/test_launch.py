@@ -7,6 +7,7 @@ import torch
 
 from tests.conftest import run_process
 from tests.nsys_helpers import REPO, path_without_nsys, require_nsys
+from tests.parallel import one_at_a_time
 
 LAUNCH = REPO / "scripts" / "launch.sh"
 EPOCHS, RANKS, BATCHES = 2, 2, 4  # 256 images / global batch 64
@@ -27,7 +28,8 @@ def profiled(request, tmp_path_factory):
     """(mode, finished launch, its log folder) for one profiled CPU run per mode."""
     require_nsys()
     tmp_path = tmp_path_factory.mktemp(request.param)
-    run = launch(tmp_path, *TINY, MODE=request.param, PROFILE="1", budget=40)
+    with one_at_a_time("nsys"):
+        run = launch(tmp_path, *TINY, MODE=request.param, PROFILE="1", budget=40)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return request.param, run, tmp_path / "logs"
 

@@ -14,10 +14,11 @@ import pytest
 
 from tests.conftest import run_process
 from tests.nsys_helpers import REPO, path_without_nsys, profile, require_nsys
+from tests.parallel import one_at_a_time
 
 LAUNCH = REPO / "scripts" / "launch.sh"
 FAKE_VERSION = "2022.4.2.1-fake"
-TINY = ["--dataset", "synthetic", "--synthetic-train", "128", "--synthetic-test", "32", "--batch-size", "32",
+TINY = ["--dataset", "synthetic", "--synthetic-train", "64", "--synthetic-test", "32", "--batch-size", "32",
         "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1", "--model", "resnet20"]
 FAKE_NSYS = f"""#!/bin/bash
 # nsys stand-in. FAKE_NSYS_AFTER: exit (default), hang (a stuck child, SIGTERM ignored) or
@@ -101,9 +102,18 @@ def test_a_busy_nsys_writing_its_report_is_never_ended(tmp_path, fake_nsys):
     assert "did not exit" not in run.stderr
 
 
+def test_a_busy_nsys_is_still_ended_ten_timeouts_after_training_finished(tmp_path, fake_nsys):
+    run = launch(tmp_path, budget=25, PATH=fake_nsys, FAKE_NSYS_AFTER="busy", FAKE_NSYS_BUSY_S="600",
+                 NSYS_EXIT_TIMEOUT="1")
+    assert run.returncode == 124, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert "nsys was still running 10 s after training finished" in last and "report is kept" in last, last
+
+
 @pytest.mark.parametrize("timeout", ["0", "2m", "-5"])
 def test_a_bad_nsys_exit_timeout_fails_in_one_line(tmp_path, timeout):
-    run = run_process(["bash", LAUNCH], cwd=tmp_path, budget=10, env={"NSYS_EXIT_TIMEOUT": timeout})
+    run = run_process(["bash", LAUNCH, "--help"], cwd=tmp_path, budget=10,
+                      env={"NSYS_EXIT_TIMEOUT": timeout, "MODE": "dp", "PROFILE": "0", "PYTHON": sys.executable})
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         f"launch: NSYS_EXIT_TIMEOUT='{timeout}' is not a positive number of seconds; e.g. NSYS_EXIT_TIMEOUT=300"]
@@ -120,7 +130,8 @@ def test_a_profiled_run_under_umask_000_leaves_nothing_world_writable(tmp_path, 
 
 def test_a_run_profiled_by_the_real_nsys_leaves_nothing_world_writable(tmp_path):
     require_nsys()
-    run = launch(tmp_path, budget=40, MODE="ddp", NUM_GPUS="2")
+    with one_at_a_time("nsys"):
+        run = launch(tmp_path, budget=40, MODE="ddp", NUM_GPUS="2")
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "out"
     assert (out / "logs" / "ddp_cpu2.nsys-rep").is_file() and (out / "ckpt" / "last.pt").is_file()
@@ -131,9 +142,10 @@ def test_the_lab_nsys_options_do_not_wait_for_a_process_the_program_left_behind(
     """nsys waits for re-parented descendants by default (--wait=all); a leftover of the
     program would hold the profile open, and launch.sh with it."""
     pid_file = tmp_path / "orphan.pid"
-    started = time.monotonic()
-    profile(["bash", "-c", f'sleep 60 & echo $! >"{pid_file}"'], tmp_path / "orphan", timeout=90)
-    assert time.monotonic() - started < 40
+    with one_at_a_time("nsys"):  # the clock starts when no other worker's nsys runs
+        started = time.monotonic()
+        profile(["bash", "-c", f'sleep 60 >/dev/null 2>&1 & echo $! >"{pid_file}"'], tmp_path / "orphan", timeout=90)
+        assert time.monotonic() - started < 40
     orphan = int(pid_file.read_text())
     if process_exists(orphan):  # a sleep this test started
         os.kill(orphan, 9)

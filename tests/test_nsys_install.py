@@ -5,6 +5,7 @@ The machine is a folder (NSYS_INSTALL_SYSROOT) plus fake apt-get, dpkg, nvidia-s
 first on PATH; the fake apt-get records every call, so a test sees whether a real (not
 simulated) install was asked for. Nothing here touches the real apt or /usr/local/bin.
 """
+import json
 import os
 import stat
 import sys
@@ -152,13 +153,19 @@ def test_find_without_any_nsys_fails(tmp_path):
     assert FakeMachine(tmp_path).install(tmp_path, "--find").returncode != 0
 
 
-def test_launch_with_profile_auto_runs_unprofiled_with_its_warning_when_the_install_stops(tmp_path):
+def test_launch_with_profile_auto_trains_unprofiled_and_says_so_when_the_install_stops(tmp_path):
     machine = FakeMachine(tmp_path, driver_file=True)
-    run = run_process(["bash", LAUNCH, "--help"], cwd=tmp_path, budget=15,
-                      env={**machine.env(tmp_path), "MODE": "ddp", "NUM_GPUS": "2", "PROFILE": "auto",
+    tiny = ["--dataset", "synthetic", "--synthetic-train", "64", "--synthetic-test", "32", "--batch-size", "32",
+            "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1", "--model", "resnet20"]
+    run = run_process(["bash", LAUNCH, *tiny], cwd=tmp_path, budget=25,
+                      env={**machine.env(tmp_path), "MODE": "dp", "NUM_GPUS": "1", "PROFILE": "auto",
                            "NSIGHT_LOG_DIR": str(tmp_path / "logs"), "CKPT_DIR": str(tmp_path / "ckpt"),
-                           "PYTHON": sys.executable})
+                           "DATA_DIR": str(tmp_path / "data"), "PYTHON": sys.executable})
     assert run.returncode == 0, run.stderr
     assert "apt would also install or replace NVIDIA driver packages" in run.stderr
-    assert "running UNPROFILED" in run.stderr and "usage:" in run.stdout
+    assert "running UNPROFILED" in run.stderr
     assert not machine.real_installs()
+    metrics = json.loads((tmp_path / "logs" / "dp_cpu1.metrics.json").read_text())
+    assert metrics["env"]["nsys"] is None
+    assert any("unprofiled" in note for note in metrics["env"]["notes"]), metrics["env"]["notes"]
+    assert not list((tmp_path / "logs").glob("*.nsys-rep"))

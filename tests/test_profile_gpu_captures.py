@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import N_TEST, N_TRAIN, gpu_count, run_process
 from tests.nsys_helpers import REPO, require_nsys
+from tests.parallel import one_at_a_time
 
 pytestmark = pytest.mark.gpu
 
@@ -33,7 +34,8 @@ def profiled(data_root, folder, mode, gpus, *extra, **env):
     settings = {"MODE": mode, "NUM_GPUS": str(gpus), "PROFILE": "1", "PYTHON": sys.executable,
                 "DATA_DIR": str(data_root), "CKPT_DIR": str(folder / "ckpt"), "NSIGHT_LOG_DIR": str(folder),
                 "NSIGHT_FILE_NAME": "run", **env}
-    run = run_process(["bash", REPO / "scripts" / "launch.sh", *ARGS, *extra], env=settings, timeout=600)
+    with one_at_a_time("nsys"):
+        run = run_process(["bash", REPO / "scripts" / "launch.sh", *ARGS, *extra], env=settings, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads((folder / "run.summary.json").read_text()), folder / "run.sqlite"
 

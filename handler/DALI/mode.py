@@ -1,15 +1,13 @@
 """--mode ddp_dali: ddp's processes and model, with batches from NVIDIA DALI pipelines."""
-from functools import partial
-
 from ..DDP.mode import launch
+from ..DDP.options import check_comm
 from ..train.mode import Mode
 
 
 def strategy(cfg):
-    from ..DDP.model import model_to_DDP
-    from ..train.strategy import Strategy
+    from ..DDP.mode import strategy as ddp_strategy
     from .cifar10_loader import get_DALI_loader
-    return Strategy(wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn), make_loaders=get_DALI_loader)
+    return ddp_strategy(cfg, make_loaders=get_DALI_loader)
 
 
 def preflight(cfg) -> None:
@@ -17,4 +15,4 @@ def preflight(cfg) -> None:
     require_dali()
 
 
-MODE = Mode(run=launch(strategy), preflight=preflight, sync_bn=True)
+MODE = Mode(run=launch(strategy), preflight=preflight, check=check_comm, sync_bn=True, comm_hooks=True)

@@ -1,30 +1,113 @@
-"""NVTX ranges around DDP's gradient all-reduce: `allreduce b{k}` per bucket (DESIGN.md §4).
+"""DDP's gradient exchange: which hook runs, and the `allreduce b{k}` ranges around it
+(DESIGN.md §4 and §9).
 
-The hook wraps the default all-reduce, so gradients are exactly DDP's own. A bucket's
-all-reduce completes on another thread (gloo's worker, or wherever the future resolves),
-so the range is a start/end range, not push/pop. On gloo it covers launch to completion;
-on NCCL the future resolves once the collective is enqueued on the stream, so the GPU time
-is read from the NCCL kernels instead (handler/profiling/comm.py).
+The hooks are torch's own (ddp_comm_hooks): plain all-reduce, fp16/bf16 compression (cast,
+all-reduce, cast back) and PowerSGD (handler/DDP/powersgd.py keeps its state resumable).
+A bucket's exchange completes on another thread (gloo's worker, or wherever the future
+resolves), so its range is a start/end range, not push/pop, opened before the hook and
+closed when the hook's future completes: compression and decompression lie inside it.
+On gloo the range covers launch to completion; on NCCL the future resolves once the
+collective is enqueued, so the GPU time is read from the NCCL kernels instead
+(handler/profiling/comm.py).
 """
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce_hook, bf16_compress_hook,
+                                                                       fp16_compress_hook)
 
 from handler.runtime import nvtx
+from handler.runtime.errors import UserError
+
+CASTS = {"fp16": (fp16_compress_hook, torch.float16), "bf16": (bf16_compress_hook, torch.bfloat16)}
 
 
-def nvtx_allreduce_hook(process_group, bucket):
-    from torch.cuda import nvtx as cuda_nvtx
+class NvtxRanges:
+    """`allreduce b{k}` as nsys sees it."""
 
-    handle = cuda_nvtx.range_start(f"allreduce b{bucket.index()}")
+    @staticmethod
+    def start(name: str):
+        from torch.cuda import nvtx as cuda_nvtx
+        return cuda_nvtx.range_start(name)
 
-    def finished(future):
+    @staticmethod
+    def end(handle) -> None:
+        from torch.cuda import nvtx as cuda_nvtx
         cuda_nvtx.range_end(handle)
-        return future.value()
-
-    return allreduce_hook(process_group, bucket).then(finished)
 
 
-def add_allreduce_ranges(ddp_model):
-    """Registers the hook only under a profiler: unprofiled runs keep DDP's built-in C++ all-reduce."""
-    if nvtx.ACTIVE:
-        ddp_model.register_comm_hook(None, nvtx_allreduce_hook)
-    return ddp_model
+def in_ranges(hook, ranges):
+    """hook(state, bucket) with the bucket's exchange, compression included, inside a range."""
+    def ranged_hook(state, bucket):
+        handle = ranges.start(f"allreduce b{bucket.index()}")
+
+        def finished(future):
+            ranges.end(handle)
+            return future.value()
+        return hook(state, bucket).then(finished)
+    return ranged_hook
+
+
+@dataclass
+class CommHook:
+    """The --comm-hook and DDP bucket options of one run; `register` attaches them to a DDP model."""
+    name: str = "allreduce"
+    powersgd_rank: int = 2
+    powersgd_warmup: int = 10
+    bucket_cap_mb: float = 25.0
+    static_graph: bool = False
+    grad_as_bucket_view: bool = False
+    seed: int = 0
+    powersgd: Optional[object] = field(default=None, repr=False)  # PowerSGD, once registered
+
+    @classmethod
+    def from_config(cls, cfg) -> "CommHook":
+        return cls(name=cfg.comm_hook, powersgd_rank=cfg.powersgd_rank, powersgd_warmup=cfg.powersgd_warmup,
+                   bucket_cap_mb=cfg.bucket_cap_mb, static_graph=cfg.static_graph,
+                   grad_as_bucket_view=cfg.grad_as_bucket_view, seed=cfg.seed)
+
+    def ddp_options(self) -> dict:
+        return {"bucket_cap_mb": self.bucket_cap_mb, "static_graph": self.static_graph,
+                "gradient_as_bucket_view": self.grad_as_bucket_view}
+
+    def register(self, ddp, ranges=None):
+        """Attach the hook; `ranges` (start/end) marks each bucket, by default NVTX under a profiler.
+        Unprofiled plain all-reduce keeps DDP's built-in C++ path: no Python hook at all."""
+        ranges = ranges or (NvtxRanges if nvtx.ACTIVE else None)
+        if self.name == "allreduce" and ranges is None:
+            return ddp
+        if self.name == "powersgd":
+            from .powersgd import PowerSGD
+            self.powersgd = PowerSGD(ddp.module, self.powersgd_rank, self.powersgd_warmup, self.seed)
+            state, hook = self.powersgd.state, self.powersgd.hook
+        elif self.name in CASTS:
+            hook, dtype = CASTS[self.name]
+            check_backend_carries(dtype, self.name)
+            state = None
+        else:
+            state, hook = None, allreduce_hook
+        ddp.register_comm_hook(state, in_ranges(hook, ranges) if ranges else hook)
+        return ddp
+
+    def state_dict(self) -> Optional[dict]:
+        """What a checkpoint keeps of the hook (PowerSGD only). A collective: every rank calls it."""
+        return self.powersgd.state_dict() if self.powersgd else None
+
+    def load_state_dict(self, saved: Optional[dict], say) -> None:
+        if self.powersgd:
+            self.powersgd.load_state_dict(saved, say)
+        elif saved:
+            say(f"note: the checkpoint's {saved.get('name')} state is not used with --comm-hook {self.name}")
+
+
+def check_backend_carries(dtype: torch.dtype, hook: str) -> None:
+    """One all-reduce of a single element in `dtype`: a backend that cannot carry it (gloo
+    before half-precision support) fails here in one line, not inside backward."""
+    probe = torch.ones(1, dtype=dtype, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    try:
+        dist.all_reduce(probe)
+    except RuntimeError as err:
+        raise UserError(f"--comm-hook {hook}: the {dist.get_backend()} backend cannot all-reduce {dtype} "
+                        f"({str(err).splitlines()[0][:120]}); use --comm-hook powersgd or allreduce") from None

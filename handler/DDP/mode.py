@@ -2,6 +2,7 @@
 from functools import partial
 
 from ..train.mode import Mode
+from .options import check_comm
 
 
 def launch(strategy_for):
@@ -12,11 +13,16 @@ def launch(strategy_for):
     return run
 
 
-def strategy(cfg):
+def strategy(cfg, make_loaders=None):
+    """ddp_dali passes its own loaders; the wrapping, comm hook and checkpoint state are shared."""
     from ..train.strategy import Strategy
+    from .checkpoint import HookedState
     from .cifar10_loader import get_DDP_loader
+    from .comm_hook import CommHook
     from .model import model_to_DDP
-    return Strategy(wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn), make_loaders=get_DDP_loader)
+    comm = CommHook.from_config(cfg)  # its memory (PowerSGD's) goes into checkpoints too
+    return Strategy(wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn, comm=comm),
+                    make_loaders=make_loaders or get_DDP_loader, state=HookedState(comm))
 
 
-MODE = Mode(run=launch(strategy), sync_bn=True)
+MODE = Mode(run=launch(strategy), check=check_comm, sync_bn=True, comm_hooks=True)

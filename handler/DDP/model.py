@@ -4,7 +4,7 @@ import inspect
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from .comm_hook import add_allreduce_ranges
+from .comm_hook import CommHook
 
 
 def no_buffer_sync(ddp_class=DistributedDataParallel) -> dict:
@@ -14,7 +14,7 @@ def no_buffer_sync(ddp_class=DistributedDataParallel) -> dict:
     return {"broadcast_buffers": False}
 
 
-def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False) -> DistributedDataParallel:
+def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False, comm: CommHook = None) -> DistributedDataParallel:
     """`model` stays the plain module (checkpoints save it); DDP wraps it in place.
 
     SyncBatchNorm conversion reuses the BatchNorm parameters and buffers, so an
@@ -25,10 +25,14 @@ def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False) -> DistributedDa
     dist.broadcast_buffers gives every rank rank 0's before each evaluation. DDP's
     default broadcast at every forward would add a blocking collective to each step
     (5-10 % of a 2-rank CPU step here, docs/RESULTS.md).
+
+    `comm` carries the bucket options and the gradient hook (--comm-hook); a profiled run
+    gets its `allreduce b{k}` NVTX ranges from it.
     """
+    comm = comm or CommHook()
     if sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     device = next(model.parameters()).device
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                  **no_buffer_sync())
-    return add_allreduce_ranges(ddp)  # `allreduce b{k}` NVTX ranges when profiled
+                                  **comm.ddp_options(), **no_buffer_sync())
+    return comm.register(ddp)

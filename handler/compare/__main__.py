@@ -2,9 +2,11 @@
 
     python -m handler.compare --modes dp,ddp --counts 1,2 -- --model resnet20 --epochs 2
     python -m handler.compare --cell ddp --cell "ddp:--amp bf16" --cell "nhwc=ddp:--channels-last"
+    python -m handler.compare --modes ddp --hooks allreduce,bf16,powersgd --comm-bench reports/comm.json
 
 Every variant (a mode from --modes, or [LABEL=]MODE[:ARGS] from --cell) runs at every
-count as its own scripts/launch.sh process; arguments after -- and --extra go to
+count as its own scripts/launch.sh process (--hooks runs each ddp/ddp_dali variant once
+per --comm-hook); arguments after -- and --extra go to
 train_cifar.py in every cell, a --cell's ARGS to its cells only. On CPU, launch.sh
 puts its smoke defaults (--model resnet20 --epochs 2 --dataset synthetic) first, so
 your arguments override them. The output folder gets report.md, results.json, PNG
@@ -15,6 +17,7 @@ A failed cell is a row of the report, never the end of the matrix; the exit stat
 the finished ones.
 """
 import argparse
+import json
 import shlex
 import shutil
 import signal
@@ -27,7 +30,8 @@ from tqdm.auto import tqdm
 from ..modes import MODES
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError, one_line_errors
-from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason
+from ..train.config import COMM_HOOKS
+from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, sweep_hooks
 from .plots import write_plots
 from .provenance import provenance
 from .report import pct, status, write_report
@@ -48,6 +52,10 @@ def parse_args(argv):
     p.add_argument("--cell", action="append", default=[], metavar="[LABEL=]MODE[:ARGS]",
                    help="one more variant: a mode with its own train_cifar.py options, e.g. "
                         "'ddp:--amp bf16' or 'bf16=ddp:--amp bf16'; repeatable")
+    p.add_argument("--hooks", metavar="H[,H...]",
+                   help=f"sweep --comm-hook ({','.join(COMM_HOOKS)}) over every ddp/ddp_dali variant")
+    p.add_argument("--comm-bench", type=Path, metavar="JSON",
+                   help="a `python -m bench.comm --json` result: adds step time against link rate per hook")
     p.add_argument("--counts", help="comma-separated process/GPU counts (default: 1,2,4 capped at the "
                                     "visible GPUs; 1,2 CPU processes without GPUs)")
     p.add_argument("--out", type=Path, help="output folder (default: reports/compare-<timestamp>)")
@@ -70,6 +78,18 @@ def _split_at_dashes(argv):
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
+
+
+def load_comm_bench(path: Path) -> dict:
+    """bench.comm's JSON: rows of rate_mbit, hook and step_s."""
+    try:
+        data = json.loads(path.read_text())
+        if data["rows"] and all({"rate_mbit", "hook", "step_s"} <= set(r) for r in data["rows"]):
+            return data
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    raise UserError(f"--comm-bench {path} is not a bench.comm result; write one with "
+                    "python -m bench.comm --json PATH")
 
 
 def use_nsys(choice: str) -> bool:
@@ -114,6 +134,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     gpus = cuda_status()[0]
     variants = build_variants(args.modes, args.cell, MODES)
+    if args.hooks is not None:
+        variants = sweep_hooks(variants, args.hooks, COMM_HOOKS)
+    comm_bench = load_comm_bench(args.comm_bench) if args.comm_bench else None
     counts = parse_counts(args.counts) if args.counts else default_counts(gpus)
     cells = matrix(variants, counts)
     profile = use_nsys(args.profile)
@@ -134,7 +157,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         interrupted = True
     rows = build_rows(outcomes)
-    report = write_report(out, rows, write_plots(rows, out), prov, recipe(outcomes),
+    report = write_report(out, rows, write_plots(rows, out, comm_bench), prov, recipe(outcomes),
                           dataset_description(outcomes), profile)
     failed = sum(r.status == "failed" for r in rows)
     print(f"report: {report}  ({len(rows)} cells, {failed} failed{', interrupted' if interrupted else ''})")

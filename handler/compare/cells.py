@@ -13,6 +13,7 @@ from ..runtime.errors import UserError
 RESERVED = ("--mode", "--num_gpu", "--num-gpu", "--metrics")
 DEFAULT_COUNTS = (1, 2, 4)
 CPU_COUNTS = (1, 2)
+HOOKED_MODES = ("ddp", "ddp_dali")  # the modes with --comm-hook (DESIGN.md §9)
 DP_CPU_SKIP = "dp needs GPUs to split work; on CPU it is one process whatever the count"
 
 
@@ -91,6 +92,26 @@ def build_variants(modes_text, cell_specs, all_modes) -> list:
     if not variants:
         raise UserError("nothing to run: --modes is empty; name at least one mode or --cell")
     return variants
+
+
+def sweep_hooks(variants, hooks_text: str, hooks) -> list:
+    """--hooks: each ddp/ddp_dali variant once per --comm-hook, labelled `LABEL [hook]`; the
+    other modes have no hook and run once."""
+    chosen = [h.strip() for h in hooks_text.split(",") if h.strip()]
+    for hook in chosen:
+        if hook not in hooks:
+            raise UserError(f"--hooks {hooks_text!r}: {hook!r} is not a hook; choose from {', '.join(hooks)}")
+    if not chosen:
+        raise UserError("--hooks is empty; name at least one of " + ", ".join(hooks))
+    swept = []
+    for v in variants:
+        if v.mode not in HOOKED_MODES:
+            swept.append(v)
+            continue
+        if any(a.split("=")[0] == "--comm-hook" for a in v.args):
+            raise UserError(f"variant {v.label!r} sets --comm-hook and --hooks sweeps it; drop one of them")
+        swept += [Variant(f"{v.label} [{hook}]", v.mode, (*v.args, "--comm-hook", hook)) for hook in chosen]
+    return swept
 
 
 def matrix(variants, counts) -> list:

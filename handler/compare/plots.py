@@ -13,8 +13,8 @@ PHASE_COLOURS = {"data": "#d62728", "h2d": "#ff7f0e", "forward": "#1f77b4", "bac
                  "optimizer": "#9467bd", "data_gpu": "#8c564b", "other": "#c7c7c7"}
 
 
-def write_plots(rows, out: Path) -> dict:
-    """Every figure; returns {title: file name}."""
+def write_plots(rows, out: Path, comm_bench: dict = None) -> dict:
+    """Every figure; returns {title: file name}. `comm_bench`: a bench.comm result to plot."""
     figures = {
         "Epoch time": ("epoch_time.png", lambda ax: _grouped_bars(ax, rows, "epoch_s", "epoch time (s)")),
         "Images per second": ("images_per_s.png", lambda ax: _grouped_bars(ax, rows, "images_per_s", "images/s")),
@@ -30,6 +30,9 @@ def write_plots(rows, out: Path) -> dict:
     written["Speed-up and scaling efficiency"] = "scaling.png"
     _save(_phases(rows), out / "phases.png")
     written["Where training time goes"] = "phases.png"
+    if comm_bench:
+        _save(comm_rates(comm_bench), out / "comm_rates.png")
+        written["Step time against link rate per hook (bench.comm)"] = "comm_rates.png"
     if any(r.gpu_metrics for r in rows):
         _save(_gpu_metrics(rows), out / "gpu_metrics.png")
         written["GPU metrics inside training epochs"] = "gpu_metrics.png"
@@ -130,4 +133,26 @@ def _gpu_metrics(rows):
     for ax, (key, label) in zip(axes[:, 0], panels):
         _grouped_bars(ax, rows, key, label, value=lambda row, k: (row.gpu_metrics or {}).get(k))
         ax.set_title(f"{label.split(' (')[0]}, mean inside training epochs")
+    return fig
+
+
+def comm_rates(bench: dict):
+    """bench.comm: median step time (solid) and exposed comm (dashed) against link rate, per hook."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    hooks = list(dict.fromkeys(r["hook"] for r in bench["rows"]))
+    for i, hook in enumerate(hooks):
+        mine = sorted((r for r in bench["rows"] if r["hook"] == hook), key=lambda r: r["rate_mbit"])
+        rates = [r["rate_mbit"] for r in mine]
+        ax.plot(rates, [r["step_s"] for r in mine], "o-", color=f"C{i}", label=f"{hook} step")
+        if all("exposed_comm_s" in r for r in mine):
+            ax.plot(rates, [r["exposed_comm_s"] for r in mine], "x--", color=f"C{i}", alpha=0.6,
+                    label=f"{hook} exposed comm")
+    env = bench.get("env", {})
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("link rate (Mbit/s)")
+    ax.set_ylabel("seconds per step")
+    ax.set_title(f"Step time against link rate: {env.get('model', '?')}, global batch {env.get('batch', '?')}, "
+                 f"2 hosts (bench.comm)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig

@@ -30,7 +30,20 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary["gpu_metrics_mapping"] = _mapping(trace, ranks) if trace.metrics else None
     summary["stragglers"] = stragglers({p.rank: _first_comm(p, trace.gpu) for p in trace.processes})
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
+    summary["comm_config"] = comm_config(metrics)
     return summary
+
+
+def comm_config(metrics: dict | None) -> dict | None:
+    """The run's gradient hook and DDP buckets (DESIGN.md §9), from the metrics config.
+    None without metrics; a run from before --comm-hook used DDP's plain all-reduce."""
+    config = (metrics or {}).get("config")
+    if not config or config.get("mode") not in ("ddp", "ddp_dali"):
+        return None
+    return {"hook": config.get("comm_hook", "allreduce"), "bucket_cap_mb": config.get("bucket_cap_mb", 25.0),
+            "powersgd_rank": config.get("powersgd_rank") if config.get("comm_hook") == "powersgd" else None,
+            "static_graph": config.get("static_graph", False),
+            "grad_as_bucket_view": config.get("grad_as_bucket_view", False)}
 
 
 def _rank(process: Process, trace: Trace) -> dict:

@@ -117,12 +117,15 @@ def _comm_sections(summary: dict) -> list[str]:
     ranks = [r for r in summary["ranks"] if r.get("comm")]
     if not ranks:
         return ["## Communication", "", f"{NA}: no `allreduce b{{k}}` ranges or NCCL kernels in this report.", ""]
-    lines = _section("Communication", "Comm is the union of all-reduce time inside batches; overlap is the part "
-                     "hidden behind compute, exposed the rest.",
-                     ["rank", "source", "buckets", "comm s", "share of batch time", "overlapped", "exposed s"],
-                     [[who(r), r["comm"]["source"], str(r["comm"]["buckets"]), num(r["comm"]["seconds"], 3),
-                       pct(r["comm"]["share"]), pct(r["comm"]["overlap_share"]), num(r["comm"]["exposed_s"], 3)]
-                      for r in ranks])
+    hook, cap = hook_and_buckets(summary.get("comm_config"))
+    lines = _section("Communication", "Comm is the union of all-reduce time inside batches (a hook's compression "
+                     "included); overlap is the part hidden behind compute, exposed the rest. Hook and bucket "
+                     "size come from the run's metrics (--metrics); docs/COMM.md compares the hooks.",
+                     ["rank", "hook", "bucket cap", "source", "buckets", "comm s", "share of batch time",
+                      "overlapped", "exposed s"],
+                     [[who(r), hook, cap, r["comm"]["source"], str(r["comm"]["buckets"]),
+                       num(r["comm"]["seconds"], 3), pct(r["comm"]["share"]), pct(r["comm"]["overlap_share"]),
+                       num(r["comm"]["exposed_s"], 3)] for r in ranks])
     s = summary.get("stragglers")
     if s:
         lines += _section("Stragglers", "Per step, the spread across ranks of the first all-reduce's start.",
@@ -131,6 +134,16 @@ def _comm_sections(summary: dict) -> list[str]:
                             f"rank {s['most_often_last']}",
                             ", ".join(f"{r}: {n}" for r, n in s["last_rank_counts"].items())]])
     return lines
+
+
+def hook_and_buckets(config: dict | None) -> tuple[str, str]:
+    """("powersgd rank 2", "25 MB"), or n/a without the run's metrics."""
+    if not config:
+        return f"{NA} (no --metrics)", NA
+    hook = config["hook"] + (f" rank {config['powersgd_rank']}" if config.get("powersgd_rank") else "")
+    flags = [name for name, on in (("static graph", config.get("static_graph")),
+                                   ("grad as bucket view", config.get("grad_as_bucket_view"))) if on]
+    return hook + (f" ({', '.join(flags)})" if flags else ""), f"{config['bucket_cap_mb']:g} MB"
 
 
 METRIC_COLUMNS = ("sm_active_pct", "sm_issue_pct", "warps_in_flight_pct", "dram_bw_pct",

@@ -1,10 +1,24 @@
 """User-facing failures: one line that names the problem and the fix, never a traceback."""
+import signal
 import sys
 from contextlib import contextmanager
 
 
 class UserError(Exception):
     """A problem the user can fix. The message says what is wrong and what to do."""
+
+
+class StopRequested(Exception):
+    """Raised after the stop checkpoint is written; the process exits with 128 + signum.
+    Here, not in stopping.py, so that tools without torch (the report) start without it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 def need(ok, message: str) -> None:
@@ -17,7 +31,6 @@ def need(ok, message: str) -> None:
 def one_line_errors(prefix: str = "error"):
     """Turn UserError (and Ctrl-C) into one line on stderr and a non-zero exit; a graceful
     stop exits with 128 + signal, as a killed process would."""
-    from .stopping import StopRequested
     try:
         yield
     except StopRequested as stop:  # the stop message and checkpoint are already out

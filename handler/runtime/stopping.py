@@ -15,18 +15,6 @@ from . import dist
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class StopRequested(Exception):
-    """Raised after the stop checkpoint is written; the process exits with 128 + signum."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-
 class StopFlag:
     def __init__(self):
         self.signum = 0

@@ -14,6 +14,7 @@ from .mode import Mode
 
 PP_SCHEDULES = ("gpipe", "1f1b")  # --mode pp; handler/PP/schedule.py
 DALI_SOURCES = ("memory", "raw", "jpeg")  # what --mode ddp_dali reads; handler/DALI/cifar10_loader.py
+COMM_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")  # DDP's gradient exchange; handler/DDP/comm_hook.py
 CPU_DEFAULT_PROCS = 2
 
 
@@ -55,6 +56,12 @@ class Config:
     dali_source: str = ""  # "" = $HARNESS_DALI_SOURCE or the measured default
     pp_schedule: str = "1f1b"
     microbatches: int = 4
+    comm_hook: str = "allreduce"
+    powersgd_rank: int = 2
+    powersgd_warmup: int = 10
+    bucket_cap_mb: float = 25.0
+    static_graph: bool = False
+    grad_as_bucket_view: bool = False
     # Filled per process by the mode's setup.
     use_cuda: bool = False
     world_size: int = 1
@@ -157,6 +164,19 @@ def build_parser(modes) -> argparse.ArgumentParser:
                         "possible, so fewer micro-batches' activations are alive at once)")
     p.add_argument("--microbatches", type=int, default=d.microbatches, metavar="M",
                    help="pp: micro-batches per global batch; the pipeline bubble is (W-1)/(M+W-1)")
+    p.add_argument("--comm-hook", choices=COMM_HOOKS, default=d.comm_hook,
+                   help="ddp/ddp_dali gradient exchange: plain all-reduce, fp16 or bf16 compression, or "
+                        "PowerSGD low-rank compression (docs/COMM.md)")
+    p.add_argument("--powersgd-rank", type=int, default=d.powersgd_rank, metavar="R",
+                   help="PowerSGD: rank of each gradient's approximation (higher: more bytes, closer to exact)")
+    p.add_argument("--powersgd-warmup", type=int, default=d.powersgd_warmup, metavar="N",
+                   help="PowerSGD: steps of plain all-reduce before compression starts (at least 2)")
+    p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb, metavar="MB",
+                   help="DDP gradient bucket size: smaller buckets start communicating earlier in backward")
+    p.add_argument("--static-graph", action="store_true",
+                   help="DDP static_graph: the same parameters get gradients every step")
+    p.add_argument("--grad-as-bucket-view", action="store_true",
+                   help="DDP gradient_as_bucket_view: gradients live in the buckets (one copy less)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (logs stay one line per epoch)")
     return p
@@ -224,6 +244,11 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     need(not cfg.sync_bn or cfg.use_cuda,
          "--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only; drop --sync-bn on CPU")
     need(not cfg.dp_balanced or cfg.mode == "dp", "--dp-balanced changes DataParallel; use it with --mode dp")
+    changed = changed_comm_options(cfg)
+    need(not changed or mode.comm_hooks,
+         f"{' '.join(changed)} tune{'s' if len(changed) == 1 else ''} DDP's gradient all-reduce; use --mode "
+         f"{' or '.join(name for name, m in modes.items() if m.comm_hooks)}, or drop "
+         f"{'it' if len(changed) == 1 else 'them'} for --mode {cfg.mode}")
     need(cfg.nan_patience >= 1, f"--nan-patience {cfg.nan_patience}: use 1 or more steps")
     need(not (cfg.overwrite and cfg.resume is not None),
          "--overwrite starts afresh and --resume continues: pass one of them")
@@ -233,3 +258,12 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     need(cfg.model in MODELS, f"--model {cfg.model!r} is unknown; choose one of: "
                               f"{', '.join(sorted(MODELS))}")
     mode.check(cfg)
+
+
+def changed_comm_options(cfg: Config) -> list:
+    """The DDP communication flags (DESIGN.md §9) that differ from their defaults."""
+    d = Config()
+    flags = (("--comm-hook", "comm_hook"), ("--powersgd-rank", "powersgd_rank"),
+             ("--powersgd-warmup", "powersgd_warmup"), ("--bucket-cap-mb", "bucket_cap_mb"),
+             ("--static-graph", "static_graph"), ("--grad-as-bucket-view", "grad_as_bucket_view"))
+    return [flag for flag, name in flags if getattr(cfg, name) != getattr(d, name)]

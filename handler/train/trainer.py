@@ -18,14 +18,14 @@ from ..runtime.cpu_memory import keep_freed_memory
 from ..runtime.cpu_precision import bf16_note
 from ..data.dataset import load_splits
 from .divergence import Diverged, DivergenceGuard, parameters_finite
-from ..runtime.errors import UserError
+from ..runtime.errors import StopRequested, UserError
 from .loop import Step, evaluate, train_epoch
 from .metrics import MetricsFile, environment
 from .optimizer import build_sgd, settle
 from .model_options import checkpoint_stages
 from .strategy import Strategy
 from ..runtime.nvtx import nvtx_mark, nvtx_range
-from ..runtime.stopping import StopFlag, StopRequested
+from ..runtime.stopping import StopFlag
 
 WARMUP_EPOCHS = 1
 

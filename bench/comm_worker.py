@@ -1,0 +1,175 @@
+"""One rank of bench.comm, run inside a host of scripts/cluster.sh: one DDP model per hook,
+warm-up steps, then rounds over the link rates, timed steps whose comm, overlap and exposed
+comm come from handler/profiling/comm.py, applied to in-process timings of the same ranges a
+profiled run has (`batch`, `backward`, `allreduce b{k}`; nsys would be slower than the steps).
+
+    python -m bench.comm_worker --rank R --master HOST --port P --hooks H,... --rates R,... ...
+"""
+import argparse
+import json
+import math
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+from statistics import median
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from bench.common import fixed_batches, make_optimizer
+from handler.DDP.comm_hook import CommHook
+from handler.DDP.model import no_buffer_sync
+from handler.DDP.utils import destroy_process, initialize_group
+from handler.profiling.comm import comm_stats
+from handler.profiling.stats import intersect, length, merge
+from handler.profiling.trace import Range
+from models import build_model
+
+IFNAME = "eth0"  # every host's interface (scripts/cluster.sh)
+
+
+class Recorder:
+    """start/end ranges with the clock DDP's threads share; stands in for NVTX."""
+
+    def __init__(self):
+        self.ranges, self._lock = [], threading.Lock()
+
+    def start(self, name):
+        return name, time.perf_counter_ns()
+
+    def end(self, handle):
+        name, start = handle
+        with self._lock:
+            self.ranges.append(Range(name, start, time.perf_counter_ns()))
+
+    def take(self) -> list:
+        with self._lock:
+            taken, self.ranges = self.ranges, []
+        return taken
+
+
+def sent_bytes(ifname: str = IFNAME) -> int:
+    """Bytes this host has sent on its link (/proc/net/dev is per network namespace)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == ifname:
+            return int(counters.split()[8])
+    raise SystemExit(f"bench.comm_worker: no interface {ifname} here; run it inside a cluster host")
+
+
+def timed_step(ddp, optimizer, images, labels, recorder) -> dict:
+    """One training step as the loop runs it (AMP off), and its comm numbers."""
+    start = time.perf_counter_ns()
+    loss = F.cross_entropy(ddp(images), labels)
+    backward_start = time.perf_counter_ns()
+    loss.backward()  # returns once every bucket's exchange has completed
+    backward_end = time.perf_counter_ns()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    end = time.perf_counter_ns()
+    buckets = recorder.take()
+    ranges = [Range("backward", backward_start, backward_end), *buckets]
+    stats = comm_stats(ranges, [Range("batch 0", start, end)], None)
+    launches = sorted(b.start for b in buckets)
+    # What comm can hide behind: backward compute between the first and the last bucket launch.
+    window = length(intersect(merge([(launches[0], launches[-1])]), merge([(backward_start, backward_end)])))
+    return {"step_s": (end - start) / 1e9, "comm_s": stats["seconds"], "exposed_comm_s": stats["exposed_s"],
+            "window_s": window / 1e9, "buckets": stats["buckets"]}
+
+
+class Hooked:
+    """One hook's DDP model, optimizer and batches, kept across the rounds."""
+
+    def __init__(self, hook: str, size: dict, rank: int, world: int):
+        torch.manual_seed(0)
+        raw = build_model(size["model"], 10)
+        comm = CommHook(name=hook, powersgd_rank=size["powersgd_rank"], powersgd_warmup=2,
+                        bucket_cap_mb=size["bucket_cap_mb"])
+        self.recorder = Recorder()
+        self.ddp = comm.register(DistributedDataParallel(raw, **comm.ddp_options(), **no_buffer_sync()),
+                                 ranges=self.recorder)
+        self.optimizer = make_optimizer(raw)
+        local = size["batch"] // world
+        self.batches = [(x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local])
+                        for x, y in fixed_batches(4, size["batch"])]
+        self.done = 0
+        raw.train()
+
+    def step(self) -> dict:
+        images, labels = self.batches[self.done % len(self.batches)]
+        self.done += 1
+        return timed_step(self.ddp, self.optimizer, images, labels, self.recorder)
+
+
+def shape(cluster: str, rate: float, delay_ms: float) -> float:
+    """Rank 0 reshapes its own host's link with scripts/cluster.sh (the verb works from inside a
+    host); returns the delay the kernel applied."""
+    said = subprocess.run(["bash", cluster, "shape", "node1", "--rate", f"{rate:g}mbit", "--delay", f"{delay_ms:g}ms"],
+                          capture_output=True, text=True, check=True)
+    found = re.search(r"delay ([\d.]+) ms each way", said.stdout + said.stderr)
+    return float(found.group(1)) if found else math.nan
+
+
+def measure(size: dict, hooks: list, rates: list, rank: int, world: int, cluster: str, delay_ms: float) -> list:
+    """Rounds over the rates (the order rotating), and in each rate's block the hooks step by
+    step, so load that drifts over minutes reaches every rate and hook alike. After each
+    reshaping one untimed step lets TCP settle to the new rate."""
+    models = {hook: Hooked(hook, size, rank, world) for hook in hooks}
+    for m in models.values():
+        for _ in range(size["warmup"]):  # DDP rebuilds its buckets; PowerSGD compresses from step 2
+            m.step()
+    steps = {(rate, hook): [] for rate in rates for hook in hooks}
+    sent = {key: 0 for key in steps}
+    applied = {}
+    for r in range(size["rounds"]):
+        for rate in rates[r % len(rates):] + rates[:r % len(rates)]:
+            if rank == 0:
+                applied[rate] = shape(cluster, rate, delay_ms)
+            torch.distributed.barrier()
+            order = hooks[r % len(hooks):] + hooks[:r % len(hooks)]
+            models[order[-1]].step()  # the hooks share one gloo group: one step settles its TCP
+            for _ in range(size["steps"]):
+                for hook in order:  # step by step, so load that comes and goes hits every hook
+                    before = sent_bytes()
+                    steps[(rate, hook)].append(models[hook].step())
+                    sent[(rate, hook)] += sent_bytes() - before
+            torch.distributed.barrier()
+    rows = []
+    for (rate, hook), timed in steps.items():
+        row = {key: median(s[key] for s in timed) for key in ("step_s", "comm_s", "exposed_comm_s", "window_s")}
+        row["compute_s"] = row["step_s"] - row["exposed_comm_s"]
+        rows.append({"rate_mbit": rate, "delay_ms": applied.get(rate), "hook": hook, **row, "steps": len(timed),
+                     "buckets": timed[-1]["buckets"], "bytes_per_step": sent[(rate, hook)] / len(timed),
+                     "images_per_s": size["batch"] / row["step_s"]})
+    return rows
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.comm_worker", description=__doc__.splitlines()[0])
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--master", required=True, help="rank 0's host name or address")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--hooks", required=True, help="comma-separated --comm-hook names")
+    p.add_argument("--rates", required=True, help="comma-separated Mbit/s")
+    p.add_argument("--delay", type=float, required=True, help="ms of delay to ask the link for")
+    p.add_argument("--cluster", required=True, help="scripts/cluster.sh, for rank 0 to reshape its link")
+    p.add_argument("--size", required=True,
+                   help="JSON: model, batch, warmup, rounds, steps, bucket_cap_mb, powersgd_rank")
+    p.add_argument("--out", type=Path, required=True, help="rank 0 writes its rows here")
+    args = p.parse_args(argv)
+    initialize_group(args.rank, args.master, args.port, args.world, use_cuda=False, timeout_s=300)
+    try:
+        rows = measure(json.loads(args.size), args.hooks.split(","), [float(r) for r in args.rates.split(",")],
+                       args.rank, args.world, args.cluster, args.delay)
+        if args.rank == 0:
+            args.out.write_text(json.dumps({"rows": rows, "threads": torch.get_num_threads()}))
+    finally:
+        destroy_process()
+
+
+if __name__ == "__main__":
+    main()
