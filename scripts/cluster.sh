@@ -32,7 +32,7 @@
 # loss: no FIN/RST leaves it); `heal` restores the link, or boots a killed node and
 # its slurmd. `shape HOST` limits both directions of HOST's link (tbf rate; netem
 # delay where the kernel has netem); without HOST it shapes every node.
-# docs/MULTINODE_LOCAL.md maps all of this onto a real cluster.
+# docs/MULTINODE.md ("The local cluster") maps all of this onto a real cluster.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=cluster/lib.sh

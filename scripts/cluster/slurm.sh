@@ -62,7 +62,7 @@ start_munge() {
 
 # =============================================================================
 # Configuration: short timeouts so that faults show within seconds (see
-# docs/MULTINODE_LOCAL.md for what a real cluster uses instead)
+# docs/MULTINODE.md, "The local cluster", for what a real cluster uses instead)
 # =============================================================================
 write_slurm_conf() {
     local cpus name
