@@ -149,7 +149,7 @@ def comm_rates(bench: dict):
                     label=f"{hook} exposed comm")
     env = bench.get("env", {})
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    ax.set_ylim(bottom=0)  # exposed comm can be 0: a linear axis keeps it
     ax.set_xlabel("link rate (Mbit/s)")
     ax.set_ylabel("seconds per step")
     ax.set_title(f"Step time against link rate: {env.get('model', '?')}, global batch {env.get('batch', '?')}, "
