@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,19 @@ def run_process(cmd, *, budget=None, timeout=None, cwd=ROOT, env=None, inherit=T
         kill_group(proc)
         hung(cmd, limit, *proc.communicate())
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def spawn_within_budget(fn, args, nprocs, *, budget, name) -> None:
+    """mp.spawn fn(rank, *args) on nprocs processes and wait; past SLACK x budget seconds kill
+    them and fail the test naming `name`."""
+    import torch.multiprocessing as mp
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn", join=False)
+    deadline = time.time() + SLACK * budget
+    while not ctx.join(timeout=1):
+        if time.time() > deadline:
+            for process in ctx.processes:
+                process.kill()
+            hung(["spawn", name, f"x{nprocs}"], SLACK * budget)
 
 
 def kill_group(proc) -> None:

@@ -3,12 +3,10 @@ import json
 import math
 import os
 import sys
-import time
 
 import pytest
-import torch.multiprocessing as mp
 
-from tests.conftest import ROOT, SLACK, hung, run_cli
+from tests.conftest import ROOT, run_cli, spawn_within_budget
 
 # One thread per process: quicker on a busy 2-core machine, and these tests time nothing.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -85,15 +83,8 @@ def test_ddp_scaling_ranks_end_their_process_group_before_the_interpreter_exits(
     imported torch.distributed.nn, whose group.WORLD default arguments kept the group, and with
     it gloo's threads and rank 0's store server, alive past destroy_process_group into exit."""
     from bench.common import free_port
-    budget = 20  # s, measured (one 2-rank spawn; 45-60 s at load 10)
-    ctx = mp.start_processes(ddp_scaling_rank_then_threads, args=(2, free_port(), str(tmp_path)), nprocs=2,
-                             start_method="spawn", join=False)
-    deadline = time.time() + SLACK * budget
-    while not ctx.join(timeout=1):
-        if time.time() > deadline:
-            for process in ctx.processes:
-                process.kill()
-            hung(["spawn", "bench.ddp_scaling.worker", "x2"], SLACK * budget)
+    spawn_within_budget(ddp_scaling_rank_then_threads, (2, free_port(), str(tmp_path)), 2,
+                        budget=20, name="bench.ddp_scaling.worker")  # s, measured (45-60 s at load 10)
     for rank in range(2):
         left = json.loads((tmp_path / f"threads{rank}.json").read_text())
         assert not [name for name in left if name in GROUP_THREADS], (rank, left)

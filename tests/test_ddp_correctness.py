@@ -1,17 +1,15 @@
 """DDP is the same optimisation as one process: gradients, sharding and evaluation."""
 import socket
-import time
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from handler.train.config import Config
 from handler.data.dataset import Splits
 from handler.data.loaders import ShardSampler
 from handler.DDP.cifar10_loader import get_DDP_loader
-from tests.conftest import SLACK, hung
+from tests.conftest import spawn_within_budget
 from tests.dist_workers import TinyNet, all_workers, fixed_batches, train_steps
 
 
@@ -37,15 +35,9 @@ def assert_params_close(a, b, tol):
 def gloo_runs(tmp_path_factory):
     """Folder with what 2 gloo ranks saved: ddp.pt and fsdp.pt (TinyNet, 4 steps of 16),
     accum/ddp.pt (3 steps of 16 in 2 micro-batches) and bn.pt; one spawn for all of them."""
-    out, budget = tmp_path_factory.mktemp("gloo"), 20  # s, measured
-    ctx = mp.start_processes(all_workers, args=(2, [free_port() for _ in range(4)], str(out)),
-                             nprocs=2, start_method="spawn", join=False)
-    deadline = time.time() + SLACK * budget
-    while not ctx.join(timeout=1):
-        if time.time() > deadline:
-            for process in ctx.processes:
-                process.kill()
-            hung(["spawn", "tests.dist_workers.all_workers", "x2"], SLACK * budget)
+    out = tmp_path_factory.mktemp("gloo")
+    spawn_within_budget(all_workers, (2, [free_port() for _ in range(4)], str(out)), 2,
+                        budget=20, name="tests.dist_workers.all_workers")  # s, measured
     return out
 
 
