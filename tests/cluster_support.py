@@ -1,6 +1,7 @@
 """The local Slurm cluster of scripts/cluster.sh, as tests/test_cluster.py uses it: one
 cluster per module, jobs submitted with scripts/slurm/train.sbatch, the processes of a node
 found through its namespaces, and final weights read from any mode's checkpoint."""
+import json
 import os
 import re
 import subprocess
@@ -49,7 +50,7 @@ class Job:
             if time.time() > deadline:
                 self.cluster.script("run", "scancel", self.id)
                 hung(["job", self.id], SLACK * limit, self.output(), f"(waiting for /{pattern}/)")
-            time.sleep(0.3)
+            time.sleep(0.5)
 
     def wait_for_checkpoint(self, limit: float = JOB_S) -> None:
         """Until the first last.pt is written (the epoch's line is printed before it)."""
@@ -97,7 +98,7 @@ class Cluster:
             state = self.job_state(job_id)
             if state[0] in FINISHED:
                 return state
-            time.sleep(0.3)
+            time.sleep(0.5)
         self.script("run", "scancel", job_id)
         hung(["job", job_id], SLACK * limit, self.script("status").stdout)
 
@@ -136,6 +137,38 @@ class Cluster:
                 left = {n: self.processes(n) for n in nodes}
                 pytest.fail(f"processes of the job left after {limit:.0f} s: {left}", pytrace=False)
             time.sleep(0.5)
+
+
+class OneHost:
+    """Reference runs on this host with mp.spawn (world 2), one per mode, started once."""
+
+    def __init__(self, data: Path, tmp_path_factory):
+        self.data, self.tmp, self.runs, self.cache = data, tmp_path_factory, {}, {}
+
+    def start(self, mode: str) -> None:
+        if mode not in self.runs:
+            folder = self.tmp.mktemp(f"one_host_{mode}")
+            command = [sys.executable, ROOT / "train_cifar.py", "--mode", mode, "--num_gpu", 2, "--ckpt", folder,
+                       "--data", self.data, *TRAIN]
+            proc = subprocess.Popen(list(map(str, command)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+            self.runs[mode] = proc, folder
+
+    def weights(self, mode: str) -> dict:
+        if mode not in self.cache:
+            self.start(mode)
+            proc, folder = self.runs[mode]
+            try:
+                _, err = proc.communicate(timeout=SLACK * JOB_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                hung(proc.args, SLACK * JOB_S, *proc.communicate())
+            assert proc.returncode == 0, tail(err, 30)
+            with open(folder / "metrics.json") as f:
+                assert json.load(f)["env"]["nodes"] == 1
+            self.cache[mode] = final_weights(folder)
+        return self.cache[mode]
 
 
 def up_cluster(tmp_path_factory, report) -> Cluster:

@@ -5,17 +5,15 @@ Marker `cluster`: the main suite leaves these out (pytest.ini); scripts/test_clu
 them. One cluster (head + 2 nodes) serves the module and is torn down at the end, failed or
 not. They skip only where the machine cannot make namespaces; under CI=true that fails.
 """
-import functools
 import os
 import re
 import signal
-import sys
 
 import pytest
 
 from handler.train.checkpoint import load_checkpoint
-from tests.cluster_support import (JOB_S, TRAIN, assert_same_weights, final_weights, up_cluster)
-from tests.conftest import ROOT, read_metrics, run_process, tail
+from tests.cluster_support import OneHost, assert_same_weights, final_weights, up_cluster
+from tests.conftest import read_metrics, tail
 
 pytestmark = pytest.mark.cluster
 LOST_NODE2 = r"lost rank \d \(node2\)"  # what a surviving rank says about the lost one
@@ -44,17 +42,9 @@ def cluster(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def one_host(cluster, tmp_path_factory):
-    """mode -> final weights of the same training on this one host (mp.spawn, world 2)."""
-    @functools.lru_cache(maxsize=None)
-    def run(mode):
-        folder = tmp_path_factory.mktemp(f"one_host_{mode}")
-        proc = run_process([sys.executable, ROOT / "train_cifar.py", "--mode", mode, "--num_gpu", 2,
-                            "--ckpt", folder, "--data", cluster.data, *TRAIN],
-                           timeout=3 * JOB_S, env={"OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, tail(proc.stderr, 30)
-        assert read_metrics(folder / "metrics.json")["env"]["nodes"] == 1
-        return final_weights(folder)
-    return run
+    """The same training on this one host (mp.spawn, world 2): start(mode) launches it in the
+    background (it overlaps the cluster job's waits), weights(mode) waits for its final weights."""
+    return OneHost(cluster.data, tmp_path_factory)
 
 
 def job_failed(job, why: str) -> str:
@@ -64,11 +54,12 @@ def job_failed(job, why: str) -> str:
 @pytest.mark.parametrize("mode", ["ddp", "ddp_dali", "fsdp", "pp"])
 def test_two_hosts_train_to_the_same_weights_as_one_host(cluster, one_host, tmp_path, mode):
     job = cluster.submit(tmp_path, ["--mode", mode], env={"NPROC_PER_NODE": "1"})
+    one_host.start(mode)
     job.finish()
     assert job.succeeded, job_failed(job, f"the job ended {job.state} {job.exit_code}")
     env = read_metrics(tmp_path / "ckpt" / "metrics.json")["env"]
     assert sorted(env["hosts"].values()) == ["node1", "node2"] and env["nodes"] == 2
-    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host(mode))
+    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host.weights(mode))
 
 
 def test_two_hosts_of_two_processes_rendezvous_through_c10d_as_world_four(cluster, tmp_path):
@@ -93,7 +84,7 @@ def test_a_preempted_job_saves_is_requeued_and_ends_with_the_uninterrupted_weigh
     assert job.succeeded, job_failed(job, f"the requeued job ended {job.state} {job.exit_code}")
     assert re.search(r"resumed from .*last.pt at epoch 2, step \d+", job.output()), job_failed(job, "no resume")
     assert read_metrics(tmp_path / "ckpt" / "metrics.json")["test"] is not None
-    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host("ddp"))
+    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host.weights("ddp"))
 
 
 def test_a_host_lost_mid_run_ends_the_job_within_a_minute_naming_it(cluster, tmp_path):
