@@ -32,7 +32,7 @@ TRAIN, TEST, BIG_TRAIN = 2_560, 1_000, 50_000
 DATA = ["--dataset", "synthetic", "--synthetic-test", str(TEST), "--valid-size", "256",
         "--model", "resnet18", "--batch-size", "256", "--workers", "4", "--no-progress"]
 CHECK_TIMEOUT_S = 240
-ONE_GPU_MODES_TEST = "test_every_mode_trains_end_to_end_on_one_gpu"  # tests/test_gpu.py
+ONE_GPU_MODES_TEST = "test_every_mode_trains_end_to_end_on_one_gpu"  # tests/machine/test_gpu.py
 DALI_SOURCES = ("memory", "raw", "jpeg")
 
 

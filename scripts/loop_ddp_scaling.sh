@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run `python -m bench.ddp_scaling --quick` (the call tests/test_bench.py makes) RUNS times
+# Run `python -m bench.ddp_scaling --quick` (the call tests/tools/test_bench.py makes) RUNS times
 # and count the passes: the proof that the rank-exit crash (SIGABRT, "terminate called
 # without an active exception") is gone.
 #
@@ -19,7 +19,7 @@ ulimit -c unlimited 2>/dev/null || true
 passed=0
 for ((i = 1; i <= RUNS; i++)); do
     start=$SECONDS
-    # As tests/test_bench.py runs it: one thread per process, no GPU.
+    # As tests/tools/test_bench.py runs it: one thread per process, no GPU.
     (cd "$LOGS" && OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= PYTHONFAULTHANDLER=1 PYTHONPATH="$ROOT" \
         "$PYTHON" -m bench.ddp_scaling --quick --json "$LOGS/run$i.json" >"$LOGS/run$i.log" 2>&1)
     rc=$?

@@ -8,7 +8,7 @@
 # - Both features open perf events. After the application exited, nsys 2022.4's agent
 #   sometimes busy-polled those events forever, so the report was never written.
 #
-# Measured on a 2-rank CPU run of tests/test_launch.py's configuration:
+# Measured on a 2-rank CPU run of tests/tools/test_launch.py's configuration:
 #   defaults  2.7 MB report, 150 MB intermediate
 #   these     1.0 MB report,  30 MB intermediate
 # docs/PROFILING.md has the details.

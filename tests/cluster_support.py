@@ -1,4 +1,4 @@
-"""The local Slurm cluster of scripts/cluster.sh, as tests/test_cluster.py uses it: one
+"""The local Slurm cluster of scripts/cluster.sh, as tests/tools/test_cluster.py uses it: one
 cluster per module, jobs submitted with scripts/slurm/train.sbatch, the processes of a node
 found through its namespaces, and final weights read from any mode's checkpoint."""
 import json

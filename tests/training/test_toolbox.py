@@ -66,7 +66,7 @@ def test_balanced_dp_on_gpus_matches_plain_dp():
 
 
 # The techniques a run can switch on, as validate() sees them: each mode runs every one of
-# them that validate() accepts for it, all together (tests/test_gpu.py does the same on GPUs,
+# them that validate() accepts for it, all together (tests/machine/test_gpu.py does the same on GPUs,
 # where fp16 and --sync-bn are accepted too).
 TOOLBOX = (("--channels-last",), ("--accum-steps", "2"), ("--activation-checkpointing",), ("--amp", "bf16"),
            ("--amp", "fp16"), ("--dp-balanced",), ("--sync-bn",))

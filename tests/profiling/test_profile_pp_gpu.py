@@ -15,7 +15,7 @@ from handler.profiling.render import markdown
 from handler.profiling.trace import load_trace
 from tests.nsys_helpers import REAL_EXPORTS
 from tests.nsys_rows import KERNEL, MEMCPY, MEMSET, RUNTIME, add_range
-from tests.test_profile_gpu import BASE_TABLES, MS, PID, Bitmap, rank_of
+from tests.profiling.test_profile_gpu import BASE_TABLES, MS, PID, Bitmap, rank_of
 
 # One batch of a stage: pieces one after another, as fractions of the batch; the last 5 % is the optimizer.
 PP_SPLIT = (("recv", 0.05), ("fwd mb0", 0.15), ("send", 0.05), ("fwd mb1", 0.15), ("recv", 0.05),

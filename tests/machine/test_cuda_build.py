@@ -9,7 +9,7 @@ import pytest
 
 from handler.runtime import cuda_build
 from tests.conftest import ROOT
-from tests.test_devices import fake_smi, visible
+from tests.machine.test_devices import fake_smi, visible
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Regression tests for the GPU-path defects of issue 19 that a CPU can show (fsdp and pp
-with --channels-last: tests/test_toolbox.py; the GPU-only ones: tests/test_gpu.py)."""
+with --channels-last: tests/training/test_toolbox.py; the GPU-only ones: tests/machine/test_gpu.py)."""
 import random
 import sys
 
@@ -15,7 +15,7 @@ from handler.train.checkpoint import make_checkpoint, rng_state, set_rng_state
 from handler.train.optimizer import NO_FUSED_DTENSOR, build_sgd, settle, sgd_options
 from handler.train.trainer import check_compatible
 from tests.conftest import error_lines, run_cli
-from tests.test_devices import fake_smi, visible
+from tests.machine.test_devices import fake_smi, visible
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 

@@ -13,7 +13,7 @@ from handler.profiling.render import markdown
 from handler.profiling.trace import load_trace
 from tests.nsys_helpers import REAL_EXPORTS, with_training_ranges
 from tests.nsys_rows import KERNEL
-from tests.test_profile_gpu import MS, PID, rank_of
+from tests.profiling.test_profile_gpu import MS, PID, rank_of
 
 GPUS = 4  # the machine's GPUs, as nsys numbers them; SMs Active on GPU g reads 10 * (g + 1) %
 

@@ -1,5 +1,5 @@
 """Regression tests for the GPU-path defects of issue 12, each shown on CPU where the
-defect can be shown there (the GPU-only ones are in tests/test_gpu.py)."""
+defect can be shown there (the GPU-only ones are in tests/machine/test_gpu.py)."""
 import copy
 from contextlib import nullcontext
 import random

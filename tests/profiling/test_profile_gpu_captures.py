@@ -1,7 +1,7 @@
 """Issue 19, items 6-8, on real GPU captures: scripts/launch.sh under nsys, then the summary.
 
 All `gpu`-marked (scripts/gpu_check.sh runs them); they also need nsys. The CPU tests
-(tests/test_profile_pp_gpu.py, _gpu_metrics_device.py, _data_gpu.py) check the same rules on
+(tests/profiling/test_profile_pp_gpu.py, _gpu_metrics_device.py, _data_gpu.py) check the same rules on
 copies of real exports; these check that a real capture of our modes gives them what they expect: DALI's threads and kernels,
 pp's NCCL send/recv linked to its ranges, and TARGET_INFO_CUDA_DEVICE. They have not yet
 run on a GPU (none was available when they were written, 2026-11-23).

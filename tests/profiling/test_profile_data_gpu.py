@@ -13,7 +13,7 @@ from handler.profiling.render import markdown, one_line
 from handler.profiling.trace import GpuActivity, load_trace
 from tests.nsys_helpers import REAL_EXPORTS, REPO, with_training_ranges
 from tests.nsys_rows import KERNEL, MEMCPY, MEMSET, RUNTIME, add_range, add_string, clone_row
-from tests.test_profile_gpu import PID, rank_of
+from tests.profiling.test_profile_gpu import PID, rank_of
 
 DALI_KERNEL = ("void dali::kernels::slice_impl::SliceFlipNormalizePermutePadKernel<false, true, false, "
                "unsigned char, float, 5>(const dali::kernels::slice_impl::SampleDesc<5> *, "

@@ -1,12 +1,12 @@
 """Where each rank ran: env.hosts and env.nodes in the metrics JSON, hosts in the profile report.
 
-Runs across real hosts are in tests/test_cluster.py; these cover one host and the report.
+Runs across real hosts are in tests/tools/test_cluster.py; these cover one host and the report.
 """
 import json
 import socket
 
 from tests.conftest import read_metrics
-from tests.test_profile_report import fake_export, one_epoch, run_report, summarize_export
+from tests.profiling.test_profile_report import fake_export, one_epoch, run_report, summarize_export
 
 
 def test_a_one_host_run_records_every_rank_on_this_host_and_one_node(two_epoch_run):

@@ -127,7 +127,7 @@ def test_every_mode_trains_with_every_flag_validate_accepts_for_it_on_gpus(mode,
     # Issue 19 items 1 and 2 on GPUs (cuDNN's NHWC kernels, NCCL), with what only GPUs
     # accept: fp16 (pp: bf16) and --sync-bn. TORCH_DISTRIBUTED_DEBUG=DETAIL makes torch 2.14
     # compare pp's stage input strides as 2.6-2.11 always did.
-    from tests.test_toolbox import TINY, accepted_flags
+    from tests.training.test_toolbox import TINY, accepted_flags
     if mode == "ddp_dali":
         pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
     flags = accepted_flags(mode, gpus)

@@ -5,14 +5,14 @@ system is too old". In both states a user's run (GPUs not hidden) must choose th
 settings, train on the CPU and say why CUDA is unusable only when torch said so.
 
 The rest of the suite hides GPUs from CPU tests (conftest), so it is correct in both
-states by construction; tests/test_devices.py covers the fake-nvidia-smi states."""
+states by construction; tests/machine/test_devices.py covers the fake-nvidia-smi states."""
 import ctypes.util
 import os
 
 import pytest
 
 from tests.conftest import ROOT, gpu_count, read_metrics, run_process
-from tests.test_devices import fake_smi
+from tests.machine.test_devices import fake_smi
 
 TINY = ["--synthetic-train", "128", "--synthetic-test", "32", "--batch-size", "32", "--valid-size", "0",
         "--epochs", "1", "--workers", "0", "--no-progress"]

@@ -13,7 +13,7 @@ from handler.DDP.comm_hook import CommHook, in_ranges
 from handler.DDP.model import model_to_DDP
 from models import build_model
 from tests.conftest import read_metrics, run_cli, two_epoch_args
-from tests.test_cli_errors import fails_with_one_line
+from tests.training.test_cli_errors import fails_with_one_line
 
 
 @pytest.mark.parametrize("argv,expected", [
