@@ -166,7 +166,7 @@ def alive(pid) -> bool:
 
 
 def test_the_tests_it_leaves_out_are_the_ones_its_own_checks_repeat():
-    source = (ROOT / "tests" / "test_gpu.py").read_text()
+    source = (ROOT / "tests" / "machine" / "test_gpu.py").read_text()
     assert f"def {gpu_check.ONE_GPU_MODES_TEST}(" in source
     from tests.machine.test_gpu import MODES  # every mode that test runs at 1 GPU is a check of its own
     trains = [c for c in gpu_check.plan(1, dali=True, nsys=True, pytest_ok=True) if c.kind == "train"]
