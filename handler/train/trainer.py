@@ -131,6 +131,7 @@ def fit(cfg, strategy: Strategy) -> dict:
                                     start_step=first_step)
             if train["stopped_at"] is not None:
                 save(epochs_done=epoch, step=train["stopped_at"], best_acc=best_acc, history=history)
+                dist.barrier()  # no rank exits before rank 0 has written it: srun ends a step soon after its first task
                 rank0.say(cfg, f"stopped by {stop.agreed_signal().name} at epoch {epoch + 1}, step "
                                f"{train['stopped_at']}; continue with --resume (checkpoint in {cfg.ckpt})")
                 raise StopRequested(stop.agreed_signal())

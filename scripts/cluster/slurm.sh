@@ -95,8 +95,10 @@ SelectTypeParameters=CR_CPU
 SchedulerParameters=sched_interval=2,bf_interval=2
 SlurmdParameters=config_overrides
 ReturnToService=2
-# A node silent for SlurmdTimeout s is DOWN and its jobs end (real clusters: 300)
-SlurmdTimeout=20
+# A node silent for SlurmdTimeout s is DOWN and its jobs end (NODE_FAIL; sbatch --wait may
+# report that as exit 0). Real clusters: 300. Longer than the tests' --dist-timeout, so that,
+# as on a real cluster, the training names the lost peer and fails the job first.
+SlurmdTimeout=60
 # SIGTERM to SIGKILL when a job is cancelled or ends at its limit
 KillWait=5
 # A finished job stays visible for MinJobAge s; at most 5 keeps sbatch --wait polling every 2 s
