@@ -23,6 +23,7 @@ TRAIN = ["--dataset", "synthetic", "--synthetic-train", N_TRAIN, "--synthetic-te
          "--model", "resnet20", "--workers", 0, "--no-progress", "--epochs", 2, "--batch-size", 32,
          "--valid-size", 64, "--lr", 0.05]
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+COMPLETING_S = 10  # s: longer than a healthy job's clean-up, far shorter than SlurmdTimeout
 JOB_S = 90  # s: the longest job of TRAIN on 2 busy cores, measured; past SLACK times it, it hung
 
 
@@ -62,10 +63,12 @@ class Job:
             time.sleep(0.2)
 
     def finish(self, limit: float = JOB_S) -> float:
-        """Seconds until the job finished; sets `state` (COMPLETED, FAILED, ...) and `exit_code` ("N:S")."""
+        """Seconds until the job ended as `sbatch --wait` sees it (its batch script exited); sets
+        `state` (COMPLETED, FAILED, ..., or COMPLETING while Slurm still cleans up on a node it
+        cannot reach) and `exit_code` ("N:S")."""
         start = time.time()
-        self.state, self.exit_code = self.cluster.wait_done(self.id, limit)
-        return time.time() - start
+        self.state, self.exit_code, ended = self.cluster.wait_done(self.id, limit)
+        return ended - start
 
     @property
     def succeeded(self) -> bool:
@@ -92,12 +95,19 @@ class Cluster:
         return re.search(r"JobState=(\S+)", shown).group(1), re.search(r"ExitCode=(\S+)", shown).group(1)
 
     def wait_done(self, job_id: int, limit: float = JOB_S) -> tuple:
-        """(JobState, ExitCode) once the job has finished, polled faster than Slurm forgets it."""
-        deadline = time.time() + SLACK * limit
+        """(JobState, ExitCode, when it ended) once the job has ended, polled faster than Slurm
+        forgets it. A job ends when its batch script exits (`sbatch --wait` returns then): Slurm
+        shows it COMPLETING, which passes in a moment, except on a node that is gone, where it
+        lasts until Slurm marks the node DOWN (SlurmdTimeout). Then COMPLETING is the answer."""
+        deadline, ended = time.time() + SLACK * limit, None
         while time.time() < deadline:
             state = self.job_state(job_id)
             if state[0] in FINISHED:
-                return state
+                return (*state, ended or time.time())
+            if state[0] == "COMPLETING":
+                ended = ended or time.time()
+                if state[1] != "0:0" or time.time() - ended > COMPLETING_S:
+                    return (*state, ended)  # a failed job is over; only a success waits for its state
             time.sleep(0.5)
         self.script("run", "scancel", job_id)
         hung(["job", job_id], SLACK * limit, self.script("status").stdout)
