@@ -44,11 +44,10 @@ def hardware() -> dict:
 
 def versions() -> dict:
     import torch
-    import torchvision
-    from ..train.metrics import _dali_version
+    from ..train.metrics import _dali_version, package_version
     from ..profiling.nsys import nsys_version
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "dali": _dali_version(), "nsys": nsys_version()}
+            "torchvision": package_version("torchvision"), "dali": _dali_version(), "nsys": nsys_version()}
 
 
 def code_version() -> str:

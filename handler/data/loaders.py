@@ -9,7 +9,6 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
 from ..runtime.nvtx import nvtx_range
@@ -22,7 +21,7 @@ class Loaders(NamedTuple):
 
 
 class ArrayDataset(Dataset):
-    """uint8 NHWC images + labels, run through a torchvision transform per image."""
+    """uint8 NHWC images + labels, run through a transform (handler.data.augment) per image."""
 
     def __init__(self, arrays, transform):
         self.images, self.labels = arrays
@@ -32,7 +31,7 @@ class ArrayDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, i):
-        return self.transform(Image.fromarray(self.images[i])), int(self.labels[i])
+        return self.transform(self.images[i]), int(self.labels[i])
 
 
 class ShardSampler(Sampler):

@@ -13,7 +13,6 @@ step give the same update (momentum * 0 + grad, dampening being 0) and survive a
 from typing import Tuple
 
 import torch
-from torch.distributed.tensor import DTensor
 
 NO_FUSED_DTENSOR = ("--amp fp16 on sharded (DTensor) parameters: torch has no fused SGD for them "
                     "(aten._fused_sgd_), so GradScaler reads found_inf on the host every step, one "
@@ -25,6 +24,7 @@ def sgd_options(device: torch.device, scaler_enabled: bool, params) -> Tuple[dic
     still syncs (fsdp's DTensor parameters)."""
     if not scaler_enabled or device.type != "cuda":
         return {}, ""
+    from torch.distributed.tensor import DTensor  # here: its import costs every process 0.6 s
     if any(isinstance(p, DTensor) for p in params):
         return {}, NO_FUSED_DTENSOR
     return {"fused": True}, ""

@@ -13,7 +13,7 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)")
 
-from handler.data.augment import MEAN, STD, eval_transform  # noqa: E402
+from handler.data.augment import MEAN, STD  # noqa: E402
 from handler.train.config import Config  # noqa: E402
 from handler.data.dataset import Splits  # noqa: E402
 from handler.runtime.devices import cuda_status  # noqa: E402
@@ -199,9 +199,14 @@ def test_cutout_zeroes_one_square_centred_on_a_uniform_pixel(tmp_path, source):
     assert min(clipped.values()) > 0, f"squares clip on one side only: {clipped}"
 
 
+def torchvision_eval():
+    import torchvision.transforms as T
+    return T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
 def test_evaluation_equals_the_torchvision_eval_transform(tmp_path):
     images, labels = make_images(40, np.random.default_rng(0))
-    reference = torch.stack([eval_transform()(Image.fromarray(im)) for im in images])
+    reference = torch.stack([torchvision_eval()(Image.fromarray(im)) for im in images])
     for source, tolerance in (("memory", 1e-5), ("raw", 1e-5), ("jpeg", None)):
         out = torch.cat([x for x, _ in get_DALI_loader(config(tmp_path), splits((images, labels)),
                                                          source=source).test])

@@ -3,7 +3,10 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
+from PIL import Image
 
+from handler.data.augment import MEAN, PAD, STD, Cutout, eval_transform, train_transform
 from handler.data.cifar_files import FOLDER, read_cifar
 from handler.train.config import Config
 from handler.data.dataset import prepare_dataset, split_indices
@@ -87,3 +90,31 @@ def test_cifar10_offline_without_data_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")
     with pytest.raises(UserError, match="could not be downloaded.*--dataset synthetic"):
         prepare_dataset(Config(data=str(tmp_path / "missing"), dataset="cifar10"))
+
+
+@pytest.mark.parametrize("cutout", [0, 8])
+def test_the_transforms_equal_torchvisions_bit_for_bit_with_the_same_random_draws(cutout):
+    import torchvision.transforms as T
+    normalise = [T.ToTensor(), T.Normalize(MEAN, STD)]
+    train = T.Compose([T.RandomCrop(32, padding=PAD), T.RandomHorizontalFlip(), *normalise,
+                       *([Cutout(cutout)] if cutout else [])])
+    images = np.random.default_rng(1).integers(0, 256, (64, 32, 32, 3), dtype=np.uint8)
+    for ours, theirs in ((train_transform(cutout), train), (eval_transform(), T.Compose(normalise))):
+        torch.manual_seed(7)
+        mine, after_mine = torch.stack([ours(im) for im in images]), torch.get_rng_state()
+        torch.manual_seed(7)
+        reference = torch.stack([theirs(Image.fromarray(im)) for im in images])
+        assert mine.dtype == torch.float32 and mine.shape == (64, 3, 32, 32)
+        assert torch.equal(mine, reference)
+        assert torch.equal(after_mine, torch.get_rng_state())  # the same draws, so runs resume alike
+
+
+def test_training_processes_never_import_torchvision():
+    """It costs each process 1.7 s (torch._dynamo via torchvision.ops); only the CIFAR download
+    and compare's provenance import it, when they run."""
+    import subprocess
+    import sys
+    code = ("import sys, train_cifar, handler.modes, handler.DDP.cifar10_loader, handler.PP.loader, "
+            "handler.train.metrics; print('torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
