@@ -157,6 +157,13 @@ cmd_fault() {  # partition|heal|kill HOST
         heal)
             if [ "$state" = off ]; then
                 say "powering $2 on"
+                # What SlurmdTimeout would do 60 s after the power loss, at once: DOWN releases
+                # the node's jobs (a job whose node died stays COMPLETING until then). The node
+                # returns to service when its slurmd registers (ReturnToService=2).
+                if slurm_mode && [[ $2 == node* ]]; then
+                    on_head scontrol update NodeName="$2" State=DOWN Reason="powered off by cluster.sh kill" \
+                        || warn "slurmctld did not take $2 DOWN; its jobs end after SlurmdTimeout"
+                fi
                 boot "$2"
                 if slurm_mode; then start_slurmd "$2"; say "slurmd started on $2"; fi
             else
