@@ -26,6 +26,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# Threads that wait for work sleep instead of spinning, here and in every process a test starts
+# (set before torch loads OpenMP). The suite runs trainings side by side on 2 cores, and spinning
+# threads of one run steal the cores the other needs: two 2-thread dp runs at once took 127 s
+# each with the default policy and 12.6 s with PASSIVE (2026-11-23, same losses to the digit).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from handler.runtime.devices import cuda_status  # noqa: E402
 from handler.data.synthetic import write_synthetic  # noqa: E402
 from tests.parallel import (assign_groups, locked, pytest_collection_finish, pytest_configure,  # noqa: E402,F401
