@@ -49,8 +49,10 @@ def unknown_visible_device(variable, smi_listing: str) -> str:
 def require_usable_gpus() -> int:
     """The usable GPU count; a machine whose NVIDIA GPUs this torch cannot use stops
     here, instead of training for hours on the CPU with GPU defaults."""
+    if gpus_hidden():
+        return 0  # torch would see none; asking it costs a 1.5 s import for launch.sh
     count = cuda_status()[0]
-    if count or gpus_hidden():
+    if count:
         return count
     from .cuda_build import driver_cuda_version, install_hint, smi_gpu_count, smi_gpu_list
     listed = smi_gpu_count()
