@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Everything the test suite needs, then the suite. Used by CI and by the README.
-# One pytest process by default. TEST_WORKERS=N runs N pytest-xdist workers (tests/parallel.py
-# keeps the tests that share a module's fixture on one worker), but on 2 cores it is not
-# the default: two workers each starting 2-rank trainings ran the 2-epoch fixtures past their
-# budgets (measured 2026-11-23, fresh clone and idle checkout). Arguments go to pytest.
+# Two pytest-xdist workers by default (TEST_WORKERS=N for N, 0 for one process);
+# tests/parallel.py keeps the tests that share a module's fixture on one worker. Every process
+# runs with OMP_WAIT_POLICY=PASSIVE (tests/conftest.py): with spinning OpenMP threads, two
+# trainings side by side on 2 cores ran ten times slower. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh requirements-test.txt
@@ -14,5 +14,5 @@ if ! bash scripts/install_nsys.sh; then
     fi
     echo "test: Nsight Systems unavailable: profiling tests will be skipped" >&2
 fi
-workers="${TEST_WORKERS:-0}"
+workers="${TEST_WORKERS:-2}"
 exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
