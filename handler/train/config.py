@@ -244,6 +244,12 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     need(not cfg.sync_bn or cfg.use_cuda,
          "--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only; drop --sync-bn on CPU")
     need(not cfg.dp_balanced or cfg.mode == "dp", "--dp-balanced changes DataParallel; use it with --mode dp")
+    need(not cfg.dali_source or cfg.mode == "ddp_dali",
+         f"--dali-source picks ddp_dali's input files; use it with --mode ddp_dali, or drop it for --mode {cfg.mode}")
+    shaped = changed_options(cfg, (("--pp-schedule", "pp_schedule"), ("--microbatches", "microbatches")))
+    need(not shaped or cfg.mode == "pp",
+         f"{' '.join(shaped)} shape{'s' if len(shaped) == 1 else ''} the pipeline of --mode pp; use --mode pp, "
+         f"or drop {'it' if len(shaped) == 1 else 'them'} for --mode {cfg.mode}")
     changed = changed_comm_options(cfg)
     need(not changed or mode.comm_hooks,
          f"{' '.join(changed)} tune{'s' if len(changed) == 1 else ''} DDP's gradient all-reduce; use --mode "
@@ -260,10 +266,14 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     mode.check(cfg)
 
 
+def changed_options(cfg: Config, flags) -> list:
+    """The (flag, field) pairs' flags whose values differ from the defaults."""
+    d = Config()
+    return [flag for flag, name in flags if getattr(cfg, name) != getattr(d, name)]
+
+
 def changed_comm_options(cfg: Config) -> list:
     """The DDP communication flags (DESIGN.md §9) that differ from their defaults."""
-    d = Config()
-    flags = (("--comm-hook", "comm_hook"), ("--powersgd-rank", "powersgd_rank"),
-             ("--powersgd-warmup", "powersgd_warmup"), ("--bucket-cap-mb", "bucket_cap_mb"),
-             ("--static-graph", "static_graph"), ("--grad-as-bucket-view", "grad_as_bucket_view"))
-    return [flag for flag, name in flags if getattr(cfg, name) != getattr(d, name)]
+    return changed_options(cfg, (("--comm-hook", "comm_hook"), ("--powersgd-rank", "powersgd_rank"),
+                                 ("--powersgd-warmup", "powersgd_warmup"), ("--bucket-cap-mb", "bucket_cap_mb"),
+                                 ("--static-graph", "static_graph"), ("--grad-as-bucket-view", "grad_as_bucket_view")))

@@ -32,6 +32,11 @@ def fails_with_one_line(argv, capsys):
     (["--accum-steps", "3", "--batch-size", "64"], "--accum-steps 3 must divide"),
     (["--amp", "fp16"], "--amp fp16 needs a GPU"),
     (["--lr", "abc"], "invalid float value: 'abc'"),
+    # Options of one mode were once accepted, and ignored, by the others.
+    (["--mode", "ddp", "--dali-source", "raw"], "--dali-source picks ddp_dali's input files; use it with --mode ddp_dali"),
+    (["--mode", "fsdp", "--pp-schedule", "gpipe"], "--pp-schedule shapes the pipeline of --mode pp; use --mode pp, or drop it"),
+    (["--mode", "ddp_dali", "--microbatches", "8", "--pp-schedule", "gpipe"],
+     "--pp-schedule --microbatches shape the pipeline of --mode pp; use --mode pp, or drop them for --mode ddp_dali"),
 ])
 def test_bad_option_gives_one_clear_line(argv, expected, capsys):
     assert expected in fails_with_one_line(argv, capsys)
@@ -99,3 +104,12 @@ def test_ddp_dali_without_dali_installed_says_how_to_install(monkeypatch, tmp_pa
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import nvidia.dali now fails
     line = fails_with_one_line(["--mode", "ddp_dali", "--ckpt", tmp_path, *SMALL], capsys)
     assert "needs NVIDIA DALI: pip install nvidia-dali-cuda120==2.4.0" in line
+
+
+def test_one_modes_options_are_taken_by_that_mode():
+    pp = parse_config(["--mode", "pp", "--num_gpu", "2", "--batch-size", "64", "--pp-schedule", "gpipe",
+                       "--microbatches", "8"], cuda_count=0)
+    assert (pp.pp_schedule, pp.microbatches) == ("gpipe", 8)
+    assert parse_config(["--mode", "ddp_dali", "--dali-source", "raw"], cuda_count=0).dali_source == "raw"
+    # The defaults, spelt out, are no change: any mode takes them.
+    assert parse_config(["--mode", "ddp", "--pp-schedule", "1f1b", "--microbatches", "4"], cuda_count=0).mode == "ddp"
