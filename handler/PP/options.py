@@ -20,5 +20,3 @@ def check_options(cfg) -> None:
                                "micro-batches; use --microbatches instead")
     need(cfg.amp != "fp16", "--amp fp16 with --mode pp: the schedule runs backward itself, so GradScaler "
                             "cannot scale its loss; use --amp bf16")
-    need(not cfg.dali_source, "--dali-source chooses --mode ddp_dali's input; --mode pp reads with "
-                              "torch DataLoaders: drop --dali-source")

@@ -62,7 +62,7 @@ def test_split_balances_parameters_over_contiguous_stages():
     (["--accum-steps", "2"], "--accum-steps with --mode pp"),
     (["--dp-balanced"], "--dp-balanced changes DataParallel; use it with --mode dp"),
     (["--sync-bn"], "not pp"),
-    (["--dali-source", "jpeg"], "--dali-source chooses --mode ddp_dali's input"),
+    (["--dali-source", "jpeg"], "--dali-source picks ddp_dali's input files; use it with --mode ddp_dali, or drop it"),
     (["--amp", "fp16"], "--amp fp16"),
 ])
 def test_conflicting_pp_options_give_one_line(argv, expected):
