@@ -44,10 +44,10 @@ def hardware() -> dict:
 
 def versions() -> dict:
     import torch
-    from ..train.metrics import _dali_version, package_version
+    from ..train.metrics import dali_version, package_version
     from ..profiling.nsys import nsys_version
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": package_version("torchvision"), "dali": _dali_version(), "nsys": nsys_version()}
+            "torchvision": package_version("torchvision"), "dali": dali_version(), "nsys": nsys_version()}
 
 
 def code_version() -> str:

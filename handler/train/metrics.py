@@ -19,7 +19,7 @@ def environment(cfg, notes, hosts=None) -> dict:
             "hosts": {str(rank): name for rank, name in sorted(hosts.items())}, "nodes": len(set(hosts.values())),
             "device": "cuda" if cfg.use_cuda else "cpu", "gpus": gpus, "dataset": cfg.dataset,
             "torch": torch.__version__, "torchvision": package_version("torchvision"),
-            "dali": _dali_version(), "nsys": os.environ.get("HARNESS_NSYS") or None,
+            "dali": dali_version(), "nsys": os.environ.get("HARNESS_NSYS") or None,
             "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "cpu_allocator": cpu_memory.setting(),
             "notes": list(notes),
@@ -37,7 +37,7 @@ def package_version(package: str):
         return None
 
 
-def _dali_version():
+def dali_version():
     """DALI's version from its wheel's metadata (importing it costs rank 0 0.3-0.45 s)."""
     return next(filter(None, map(package_version, DALI_WHEELS)), None)
 
