@@ -51,13 +51,19 @@ def store_lost(host: str, port: int, why: str) -> str:
 
 
 class Heartbeat:
-    """Beats this rank's counter and watches its neighbours' (a thread; close() stops it)."""
+    """Beats this rank's counter and watches its neighbours' (a thread; close() stops it).
+
+    close() waits for the thread: a thread still inside a store call when the process exits
+    aborts it (SIGABRT, "terminate called without an active exception") if the store drops
+    the call then, as it does when rank 0 ends first.
+    """
 
     def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float):
         self.host, self.port, self.rank, self.timeout_s = host, port, rank, timeout_s
         self.peers = sorted({(rank - 1) % world, (rank + 1) % world} - {rank})
         self._stop = threading.Event()
-        threading.Thread(target=self._run, name="harness-heartbeat", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="harness-heartbeat", daemon=True)
+        self._thread.start()
 
     def _run(self):
         store, counts, silent_since = None, {}, None
@@ -94,7 +100,10 @@ class Heartbeat:
         os._exit(2)
 
     def close(self) -> None:
+        """Stop beating; return once the thread has left any store call (a connect and a
+        call at most, each bounded by STORE_TIMEOUT_S)."""
         self._stop.set()
+        self._thread.join(timeout=2 * STORE_TIMEOUT_S + BEAT_S)
 
 
 def lost_ranks(host: str, port: int, rank: int, world: int):
