@@ -99,11 +99,11 @@ class Heartbeat:
         sys.stdout.flush()
         os._exit(2)
 
-    def close(self) -> None:
-        """Stop beating; return once the thread has left any store call (a connect and a
-        call at most, each bounded by STORE_TIMEOUT_S)."""
+    def close(self, wait_s: float) -> None:
+        """Stop beating; return once the thread has left its store call, or after wait_s
+        (a call to a store that is cut off, not closed, never returns)."""
         self._stop.set()
-        self._thread.join(timeout=2 * STORE_TIMEOUT_S + BEAT_S)
+        self._thread.join(timeout=wait_s)
 
 
 def lost_ranks(host: str, port: int, rank: int, world: int):
@@ -130,9 +130,11 @@ def watch(host: str, port: int, rank: int, world: int, timeout_s: float):
     """Beat and watch while the block runs (and while probing: a peer probing too must see
     this rank alive); turn a failed collective into one line naming the lost peers."""
     beat = Heartbeat(host, port, rank, world, timeout_s) if world > 1 else None
+    wait_s = STORE_TIMEOUT_S  # every peer is there after a good run: the call ends at once
     try:
         yield
     except Exception as err:
+        wait_s = BEAT_S  # the store may be cut off: the error line must not wait on it
         if beat is None or not is_comm_failure(err) or _reported.is_set():
             raise
         _reported.set()
@@ -147,4 +149,4 @@ def watch(host: str, port: int, rank: int, world: int, timeout_s: float):
         raise UserError(f"lost {describe(lost)}: it stopped answering ({cause}); the other ranks stop too") from None
     finally:
         if beat is not None:
-            beat.close()
+            beat.close(wait_s)

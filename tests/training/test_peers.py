@@ -31,7 +31,7 @@ time.sleep(1.5)
 control.sendall(b"f")
 time.sleep(1.2)
 control.sendall(b"d")
-beat.close()
+beat.close(peers.STORE_TIMEOUT_S)
 def hold_the_gil():
     sys.setswitchinterval(100)
     end = time.perf_counter() + 1.0
