@@ -4,6 +4,8 @@ with scripts/slurm/train.sbatch as a user would, and what host faults do to it.
 Marker `cluster`: the main suite leaves these out (pytest.ini); scripts/test_cluster.sh runs
 them. One cluster (head + 2 nodes) serves the module and is torn down at the end, failed or
 not. They skip only where the machine cannot make namespaces; under CI=true that fails.
+The fault tests come first: they wait on timeouts with the CPU idle, and the one-host
+reference runs, started as the cluster comes up, fill that time (the step is CPU-bound).
 """
 import os
 import re
@@ -18,6 +20,7 @@ from tests.conftest import read_metrics, tail
 pytestmark = pytest.mark.cluster
 LOST_NODE2 = r"lost rank \d \(node2\)"  # what a surviving rank says about the lost one
 DIST_TIMEOUT = 10  # s, for the fault tests
+MODES = ["ddp", "ddp_dali", "fsdp", "pp"]
 
 
 def shown(request):
@@ -40,51 +43,17 @@ def cluster(tmp_path_factory, request):
         assert not made.processes("node1") and not made.processes("node2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def one_host(cluster, tmp_path_factory):
-    """The same training on this one host (mp.spawn, world 2): start(mode) launches it in the
-    background (it overlaps the cluster job's waits), weights(mode) waits for its final weights."""
-    return OneHost(cluster.data, tmp_path_factory)
+    """The same training on this one host (mp.spawn, world 2), each mode's run started in the
+    background as the cluster comes up; weights(mode) waits for its final weights."""
+    references = OneHost(cluster.data, tmp_path_factory, MODES)
+    yield references
+    references.stop()
 
 
 def job_failed(job, why: str) -> str:
     return f"{why}; job output:\n{tail(job.output(), 40)}"
-
-
-@pytest.mark.parametrize("mode", ["ddp", "ddp_dali", "fsdp", "pp"])
-def test_two_hosts_train_to_the_same_weights_as_one_host(cluster, one_host, tmp_path, mode):
-    job = cluster.submit(tmp_path, ["--mode", mode], env={"NPROC_PER_NODE": "1"})
-    one_host.start(mode)
-    job.finish()
-    assert job.succeeded, job_failed(job, f"the job ended {job.state} {job.exit_code}")
-    env = read_metrics(tmp_path / "ckpt" / "metrics.json")["env"]
-    assert sorted(env["hosts"].values()) == ["node1", "node2"] and env["nodes"] == 2
-    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host.weights(mode))
-
-
-def test_two_hosts_of_two_processes_rendezvous_through_c10d_as_world_four(cluster, tmp_path):
-    job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 1], env={"NPROC_PER_NODE": "2"})
-    job.finish()
-    assert job.succeeded, job_failed(job, f"the job ended {job.state} {job.exit_code}")
-    metrics = read_metrics(tmp_path / "ckpt" / "metrics.json")
-    hosts = list(metrics["env"]["hosts"].values())
-    assert metrics["env"]["world_size"] == 4 and sorted(hosts) == ["node1", "node1", "node2", "node2"]
-    assert metrics["test"]["samples"] == 64  # every test image once, over four ranks
-
-
-def test_a_preempted_job_saves_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, one_host, tmp_path):
-    job = cluster.submit(tmp_path, ["--mode", "ddp"], env={"NPROC_PER_NODE": "1"})
-    job.wait_for(r"^epoch 1/2")  # the signal lands in epoch 2
-    cluster.script("run", "scancel", "--batch", "--signal=TERM", job.id)
-    job.finish()
-    assert not job.succeeded, job_failed(job, "the stopped job reported success")
-    assert re.search(r"stopped by SIGTERM at epoch 2, step \d+", job.output()), job_failed(job, "no graceful stop")
-    cluster.script("run", "scontrol", "requeue", job.id)
-    job.finish()
-    assert job.succeeded, job_failed(job, f"the requeued job ended {job.state} {job.exit_code}")
-    assert re.search(r"resumed from .*last.pt at epoch 2, step \d+", job.output()), job_failed(job, "no resume")
-    assert read_metrics(tmp_path / "ckpt" / "metrics.json")["test"] is not None
-    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host.weights("ddp"))
 
 
 def test_a_host_lost_mid_run_ends_the_job_within_a_minute_naming_it(cluster, tmp_path):
@@ -133,3 +102,37 @@ def test_workers_lost_on_one_host_restart_elastically_resume_and_complete(cluste
     metrics = read_metrics(tmp_path / "ckpt" / "metrics.json")
     assert [e["epoch"] for e in metrics["epochs"]] == [0, 1, 2] and metrics["test"]["samples"] == 64
 
+
+def test_a_preempted_job_saves_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, one_host, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp"], env={"NPROC_PER_NODE": "1"})
+    job.wait_for(r"^epoch 1/2")  # the signal lands in epoch 2
+    cluster.script("run", "scancel", "--batch", "--signal=TERM", job.id)
+    job.finish()
+    assert not job.succeeded, job_failed(job, "the stopped job reported success")
+    assert re.search(r"stopped by SIGTERM at epoch 2, step \d+", job.output()), job_failed(job, "no graceful stop")
+    cluster.script("run", "scontrol", "requeue", job.id)
+    job.finish()
+    assert job.succeeded, job_failed(job, f"the requeued job ended {job.state} {job.exit_code}")
+    assert re.search(r"resumed from .*last.pt at epoch 2, step \d+", job.output()), job_failed(job, "no resume")
+    assert read_metrics(tmp_path / "ckpt" / "metrics.json")["test"] is not None
+    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host.weights("ddp"))
+
+
+def test_two_hosts_of_two_processes_rendezvous_through_c10d_as_world_four(cluster, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 1], env={"NPROC_PER_NODE": "2"})
+    job.finish()
+    assert job.succeeded, job_failed(job, f"the job ended {job.state} {job.exit_code}")
+    metrics = read_metrics(tmp_path / "ckpt" / "metrics.json")
+    hosts = list(metrics["env"]["hosts"].values())
+    assert metrics["env"]["world_size"] == 4 and sorted(hosts) == ["node1", "node1", "node2", "node2"]
+    assert metrics["test"]["samples"] == 64  # every test image once, over four ranks
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_hosts_train_to_the_same_weights_as_one_host(cluster, one_host, tmp_path, mode):
+    job = cluster.submit(tmp_path, ["--mode", mode], env={"NPROC_PER_NODE": "1"})
+    job.finish()
+    assert job.succeeded, job_failed(job, f"the job ended {job.state} {job.exit_code}")
+    env = read_metrics(tmp_path / "ckpt" / "metrics.json")["env"]
+    assert sorted(env["hosts"].values()) == ["node1", "node2"] and env["nodes"] == 2
+    assert_same_weights(final_weights(tmp_path / "ckpt"), one_host.weights(mode))
