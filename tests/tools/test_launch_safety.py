@@ -30,6 +30,12 @@ while [[ $1 == -* ]]; do
     if [[ $1 == --output ]]; then out=$2; shift; fi
     shift
 done
+if [[ ${{FAKE_NSYS_AFTER:-}} == busy ]]; then
+    # Like nsys's agent, a fifth of a core while the program runs and exits: a program that
+    # waits on a busy disk at exit for a second must not look like a stuck tree.
+    (while :; do t=${{EPOCHREALTIME/./}}; while (( ${{EPOCHREALTIME/./}} - t < 20000 )); do :; done; sleep 0.08; done) &
+    agent=$!
+fi
 (umask 000; exec "$@")
 status=$?
 echo "partial report" >"$out.nsys-rep"
@@ -37,7 +43,8 @@ case "${{FAKE_NSYS_AFTER:-exit}}" in
     hang) trap '' TERM
           sleep 3600 & echo $! >"$FAKE_NSYS_STUCK_PID"
           wait ;;
-    busy) end=$((SECONDS + FAKE_NSYS_BUSY_S)); while ((SECONDS < end)); do :; done ;;
+    busy) kill $agent
+          end=$((SECONDS + FAKE_NSYS_BUSY_S)); while ((SECONDS < end)); do :; done ;;
 esac
 exit $status
 """
