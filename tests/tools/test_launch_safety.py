@@ -22,7 +22,7 @@ TINY = ["--dataset", "synthetic", "--synthetic-train", "64", "--synthetic-test",
         "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1", "--model", "resnet20"]
 FAKE_NSYS = f"""#!/bin/bash
 # nsys stand-in. FAKE_NSYS_AFTER: exit (default), hang (a stuck child, SIGTERM ignored) or
-# busy (CPU-bound for FAKE_NSYS_BUSY_S, as while writing a big report, then exit).
+# busy (working for FAKE_NSYS_BUSY_S, as while writing a big report, then exit).
 [[ $1 == --version ]] && {{ echo "NVIDIA Nsight Systems version {FAKE_VERSION}"; exit 0; }}
 [[ $1 == profile ]] || exit 1
 shift
@@ -30,12 +30,16 @@ while [[ $1 == -* ]]; do
     if [[ $1 == --output ]]; then out=$2; shift; fi
     shift
 done
-if [[ ${{FAKE_NSYS_AFTER:-}} == busy ]]; then
-    # Like nsys's agent, a fifth of a core while the program runs and exits: a program that
-    # waits on a busy disk at exit for a second must not look like a stuck tree.
-    (while :; do t=${{EPOCHREALTIME/./}}; while (( ${{EPOCHREALTIME/./}} - t < 20000 )); do :; done; sleep 0.08; done) &
-    agent=$!
-fi
+# busy: like nsys's agent, a fifth of a core while the program runs and exits (a program
+# that waits a second on a busy disk at exit must not look like a stuck tree), then the same
+# for FAKE_NSYS_BUSY_S, as while writing a big report (2 % of a core counts as progress).
+work() {{
+    local end=$((SECONDS + $1)) t
+    while ((SECONDS < end)); do
+        t=${{EPOCHREALTIME/./}}; while (( ${{EPOCHREALTIME/./}} - t < 20000 )); do :; done; sleep 0.08
+    done
+}}
+[[ ${{FAKE_NSYS_AFTER:-}} == busy ]] && {{ work 3600 & agent=$!; }}
 (umask 000; exec "$@")
 status=$?
 echo "partial report" >"$out.nsys-rep"
@@ -43,8 +47,7 @@ case "${{FAKE_NSYS_AFTER:-exit}}" in
     hang) trap '' TERM
           sleep 3600 & echo $! >"$FAKE_NSYS_STUCK_PID"
           wait ;;
-    busy) kill $agent
-          end=$((SECONDS + FAKE_NSYS_BUSY_S)); while ((SECONDS < end)); do :; done ;;
+    busy) kill $agent; work "$FAKE_NSYS_BUSY_S" ;;
 esac
 exit $status
 """
