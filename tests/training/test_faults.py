@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from handler.DDP.utils import PROFILER_ENV, start_method
 from handler.train.checkpoint import load_checkpoint
 from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, hung, read_metrics, run_cli
 
@@ -80,6 +81,14 @@ def cmdline(pid):
         return ""
 
 
+def ranks_of(pid):
+    """The ranks a launcher started: forked by its fork server (a child with the server's
+    command line), or spawned (multiprocessing's spawn_main)."""
+    family = descendants(pid)
+    server = [p for p in family if "multiprocessing.forkserver" in cmdline(p)]
+    return sorted(p for p in family if "spawn_main" in cmdline(p) or (server and p in descendants(server[0])))
+
+
 def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -127,15 +136,26 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
                   "--epochs", 30, *LONG], tmp_path)
     killer_cleanup.append(proc)
     wait_for_file(tmp_path / "last.pt", proc, budget=FIRST_EPOCH)
-    ranks = sorted(p for p in descendants(proc.pid) if "spawn_main" in cmdline(p))
+    ranks = ranks_of(proc.pid)
     family = descendants(proc.pid)
     assert len(ranks) == 2
+    assert any("multiprocessing.forkserver" in cmdline(p) for p in family), "ranks were not forked from a server"
     os.kill(ranks[1], signal.SIGKILL)
     took = finish(proc, budget=20)
     assert took < 60 and proc.returncode != 0
     assert "rank 1 was killed by SIGKILL" in output(proc)
     assert none_alive(family), "orphaned processes left behind"
     assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
+
+
+@pytest.mark.parametrize("env,expected", [({}, "forkserver"), ({"NSYS_PROFILING_SESSION_ID": "7"}, "spawn"),
+                                          ({"CUDA_INJECTION64_PATH": "libinject.so"}, "spawn")])
+def test_ranks_fork_from_a_server_except_under_a_profiler(env, expected, monkeypatch):
+    for name in PROFILER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert start_method() == expected
 
 
 def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, killer_cleanup):
