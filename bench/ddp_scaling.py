@@ -71,7 +71,7 @@ def worker(proc_id: int, world: int, threads: int, ddp: bool, port: int, size: d
 def measurement(world: int, threads: int, ddp: bool, size: dict, folder: str):
     def run() -> float:
         out = os.path.join(folder, f"w{world}t{threads}{'ddp' if ddp else 'plain'}.json")
-        run_process(worker, (world, threads, ddp, free_port(), size, out), nprocs=world)
+        run_process(worker, (world, threads, ddp, free_port(), size, out), nprocs=world, use_cuda=False)
         result = json.loads(Path(out).read_text())
         assert result["threads"] == threads, f"asked for {threads} threads, the rank used {result['threads']}"
         return result["images_per_s"]

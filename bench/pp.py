@@ -118,7 +118,7 @@ def worker(proc_id, world, schedule, m, port, size, out):
 
 def measure(world, schedule, m, size, folder):
     out = os.path.join(folder, f"{schedule}-{m}.json")
-    run_process(worker, (world, schedule, m, free_port(), size, out), nprocs=world)
+    run_process(worker, (world, schedule, m, free_port(), size, out), nprocs=world, use_cuda=False)
     return json.loads(Path(out).read_text())
 
 

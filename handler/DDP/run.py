@@ -17,7 +17,7 @@ def run(cfg, strategy) -> None:
     if launched_by_torchrun():
         worker(0, cfg, strategy)
     else:
-        run_process(worker, (cfg, strategy), nprocs=cfg.world_size)
+        run_process(worker, (cfg, strategy), nprocs=cfg.world_size, use_cuda=cfg.use_cuda)
 
 
 def worker(proc_id: int, cfg, strategy) -> None:

@@ -45,22 +45,25 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
 
 
-def start_method() -> str:
-    """forkserver: a server process imports torch once and forks each rank from it. With spawn
-    every rank imports it again: 2.6 s of CPU a rank, most of a short run's cost on a small
-    CPU box. Under a profiler, spawn: nsys follows a rank only through exec (for a forked one it
-    needs --trace-fork-before-exec, which its manual says may crash or deadlock the program)."""
-    return "spawn" if any(os.environ.get(name) for name in PROFILER_ENV) else "forkserver"
+def start_method(use_cuda: bool) -> str:
+    """forkserver for CPU ranks: a server process imports torch once and forks each rank from
+    it. With spawn every rank imports it again: 2.6 s of CPU a rank, most of a short run's cost
+    on a small CPU box. spawn for GPU ranks (a rank must never inherit a process that touched
+    the CUDA driver, and the saving is small beside GPU work) and under a profiler: nsys follows
+    a rank only through exec (a forked one needs --trace-fork-before-exec, which its manual says
+    may crash or deadlock the program)."""
+    profiled = any(os.environ.get(name) for name in PROFILER_ENV)
+    return "spawn" if use_cuda or profiled else "forkserver"
 
 
-def run_process(func, args: tuple, nprocs: int) -> None:
+def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
     """Run func(proc_id, *args) in nprocs fresh processes and wait for them.
 
     The first SIGINT/SIGTERM is passed on to the ranks, which stop together at a step
     boundary and save; a second one kills them. When one rank dies the others are
     stopped within seconds and the dead rank is named.
     """
-    method = start_method()
+    method = start_method(use_cuda)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
     ctx = mp.start_processes(func, args=args, nprocs=nprocs, join=False, start_method=method)

@@ -148,14 +148,15 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
     assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
 
 
-@pytest.mark.parametrize("env,expected", [({}, "forkserver"), ({"NSYS_PROFILING_SESSION_ID": "7"}, "spawn"),
-                                          ({"CUDA_INJECTION64_PATH": "libinject.so"}, "spawn")])
-def test_ranks_fork_from_a_server_except_under_a_profiler(env, expected, monkeypatch):
+@pytest.mark.parametrize("env,use_cuda,expected", [
+    ({}, False, "forkserver"), ({}, True, "spawn"), ({"NSYS_PROFILING_SESSION_ID": "7"}, False, "spawn"),
+    ({"CUDA_INJECTION64_PATH": "libinject.so"}, False, "spawn")])
+def test_cpu_ranks_fork_from_a_server_except_under_a_profiler(env, use_cuda, expected, monkeypatch):
     for name in PROFILER_ENV:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert start_method() == expected
+    assert start_method(use_cuda) == expected
 
 
 def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, killer_cleanup):
