@@ -23,13 +23,12 @@ import torch.multiprocessing as mp
 from ..runtime import dist
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError
+from ..runtime.nvtx import profiler_attached
 
 GRACE_S = 5  # after a rank fails, how long the others get to exit before SIGTERM/SIGKILL
 # What the fork server imports once for every rank: torch, and torch._dynamo, which DDP's
 # constructor and every optimizer step import (1.1 s).
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.nn"]
-# Set in a process a profiler injects into: nsys sets the first two, CUPTI-based tools the last.
-PROFILER_ENV = ("NSYS_PROFILING_SESSION_ID", "NVTX_INJECTION64_PATH", "CUDA_INJECTION64_PATH")
 
 
 @dataclass(frozen=True)
@@ -52,8 +51,7 @@ def start_method(use_cuda: bool) -> str:
     the CUDA driver, and the saving is small beside GPU work) and under a profiler: nsys follows
     a rank only through exec (a forked one needs --trace-fork-before-exec, which its manual says
     may crash or deadlock the program)."""
-    profiled = any(os.environ.get(name) for name in PROFILER_ENV)
-    return "spawn" if use_cuda or profiled else "forkserver"
+    return "spawn" if use_cuda or profiler_attached() else "forkserver"
 
 
 def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:

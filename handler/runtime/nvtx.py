@@ -8,6 +8,15 @@ import os
 from contextlib import nullcontext
 
 _NULL = nullcontext()
+# How profilers announce themselves in a process they inject into: nsys sets the first two,
+# CUPTI-based tools the last.
+PROFILER_ENV = ("NSYS_PROFILING_SESSION_ID", "NVTX_INJECTION64_PATH", "CUDA_INJECTION64_PATH")
+
+
+def profiler_attached() -> bool:
+    return any(os.environ.get(name) for name in PROFILER_ENV)
+
+
 ACTIVE = bool(os.environ.get("NVTX_INJECTION64_PATH")) or os.environ.get("HARNESS_NVTX") == "1"
 
 if ACTIVE:

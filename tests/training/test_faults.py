@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 
-from handler.DDP.utils import PROFILER_ENV, start_method
+from handler.DDP.utils import start_method
+from handler.runtime.nvtx import PROFILER_ENV
 from handler.train.checkpoint import load_checkpoint
 from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, hung, read_metrics, run_cli
 
@@ -86,7 +87,8 @@ def ranks_of(pid):
     command line), or spawned (multiprocessing's spawn_main)."""
     family = descendants(pid)
     server = [p for p in family if "multiprocessing.forkserver" in cmdline(p)]
-    return sorted(p for p in family if "spawn_main" in cmdline(p) or (server and p in descendants(server[0])))
+    forked = set(descendants(server[0])) if server else set()
+    return sorted(p for p in family if "spawn_main" in cmdline(p) or p in forked)
 
 
 def alive(pid):
