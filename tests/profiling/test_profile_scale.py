@@ -1,0 +1,38 @@
+"""The analysis at scale: tiled exports (bench/profile_tile.py) and numbers kept bit for bit.
+
+golden_summaries.json holds what the analysis computed before it was rewritten to scale
+(tests/profiling/scale_inputs.py says how it was made); the rewrite must give the same.
+"""
+import json
+
+import pytest
+
+from bench.profile_tile import tile
+from handler.profiling.analysis import summarize
+from handler.profiling.trace import load_trace
+from tests.nsys_helpers import REAL_EXPORTS
+from tests.profiling.scale_inputs import GOLDEN, summaries
+
+
+def test_summaries_of_the_real_exports_equal_the_old_analysis_bit_for_bit(tmp_path):
+    golden = json.loads(GOLDEN.read_text())
+    now = summaries(tmp_path)
+    assert sorted(now) == sorted(golden)
+    for name in golden:
+        assert now[name] == golden[name], name
+
+
+@pytest.mark.parametrize("copies", [2, 5])
+def test_a_tiled_export_has_exactly_k_times_the_kernel_seconds(tmp_path, copies):
+    one = summarize(load_trace(_tiled(tmp_path / "one.sqlite", 1)))
+    many = summarize(load_trace(_tiled(tmp_path / "many.sqlite", copies)))
+    for a, b in zip(one["ranks"], many["ranks"]):
+        assert a["gpu"]["kernels"] * copies == b["gpu"]["kernels"]
+        assert round(b["gpu"]["kernel_time_s"] * 1e9) == copies * round(a["gpu"]["kernel_time_s"] * 1e9)
+        assert round(b["gpu"]["nccl_time_s"] * 1e9) == copies * round(a["gpu"]["nccl_time_s"] * 1e9)
+    assert len(many["ranks"]) == len(one["ranks"]) == 2
+
+
+def _tiled(path, copies):
+    tile(REAL_EXPORTS["2026.2"], path, copies=copies, epochs=1, batches=4 * copies)
+    return path
