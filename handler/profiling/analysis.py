@@ -54,7 +54,7 @@ def _rank(process: Process, trace: Trace) -> dict:
     batch_total = sum(b.seconds for b in batches)
     phase_ranges = _phase_ranges(process.ranges, batches)
     phase_time = {name: (len(rs), sum(r.seconds for r in rs)) for name, rs in phase_ranges.items()}
-    activity = [a for a in gpu if a.pid == process.pid] if gpu is not None else None
+    activity = gpu.of_pid(process.pid) if gpu is not None else None
     gpu_view = gpu_stats(activity, [r for rs in phase_ranges.values() for r in rs], PHASES,
                          [r for _, r in epochs], batches[0].tid if batches else None, batches,
                          pipeline_threads(process, trace.thread_names)) if gpu is not None else None
@@ -109,7 +109,7 @@ def _first_comm(process: Process, gpu) -> dict:
             i = bisect.bisect_right(starts, b.start) - 1
             if i >= 0 and b.end <= epochs[i].end:
                 keyed.append(((EPOCH.fullmatch(epochs[i].name).group(1), b.name), b))
-    activity = [a for a in gpu if a.pid == process.pid] if gpu is not None else None
+    activity = gpu.of_pid(process.pid) if gpu is not None else None
     return first_comm_starts(process.ranges, keyed, activity)
 
 

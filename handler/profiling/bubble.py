@@ -17,8 +17,11 @@ overlapped by it. The CPU numbers stay beside them under `cpu_ranges`.
 import bisect
 import re
 
-from .gpu_view import NCCL, PhaseLookup
-from .stats import intersect, length, merge
+import numpy as np
+
+from .columns import GpuColumns
+from .gpu_view import PhaseLookup
+from .stats import as_list, length, merge_arrays, overlap
 from .trace import Process
 
 WORK = re.compile(r"(fwd|bwd) mb(\d+)")
@@ -49,7 +52,7 @@ def _stage(process: Process, index: int, theory: float, gpu) -> dict:
     cpu = _cpu_view(pieces, batches)
     if gpu is None:
         return {**head, **cpu, "source": "cpu ranges"}
-    on_gpu = _gpu_view(pieces, batches, [a for a in gpu if a.pid == process.pid])
+    on_gpu = _gpu_view(pieces, batches, gpu.of_pid(process.pid))
     if on_gpu is None:
         return {**head, **cpu, "source": "cpu ranges", "note": NOT_LINKED}
     return {**head, **on_gpu, "source": "gpu kernels", "cpu_ranges": cpu}
@@ -73,35 +76,44 @@ def _cpu_view(pieces, batches) -> dict:
     return _shares(span, busy, wait)
 
 
-def _gpu_view(pieces, batches, activity) -> dict | None:
+def _gpu_view(pieces, batches, activity: GpuColumns) -> dict | None:
     """Each activity row goes to the pp range innermost-open on its launching thread (or, from a
     thread without pp ranges such as autograd's, on the training thread), and so to a batch."""
     if not pieces or not batches:
         return None
     lookup, training = PhaseLookup(pieces), batches[0].tid
     starts = [b.start for b in batches]
-    per_batch = {}
-    for a in activity:
-        if a.launched is None:
-            continue
-        piece = lookup.innermost(a.tid if a.tid in lookup.by_thread else training, a.launched)
-        i = bisect.bisect_right(starts, piece.start) - 1 if piece else -1
-        if i >= 0 and piece.end <= batches[i].end:
-            per_batch.setdefault(i, []).append((a, piece.name not in WAIT))
-    if not per_batch:
+    batch = np.full(len(activity), -1, dtype=np.int64)
+    compute = np.zeros(len(activity), dtype=bool)
+    own = np.isin(activity.tid, list(lookup.by_thread))
+    for tid in lookup.by_thread:
+        rows = activity.linked & ((activity.tid == tid) | (~own if tid == training else False))
+        found = lookup.innermost_many(tid, activity.launched[rows])
+        of_piece = np.array([_batch_of(r, starts, batches) for r in lookup.by_thread[tid]] + [-1], dtype=np.int64)
+        work = np.array([r.name not in WAIT for r in lookup.by_thread[tid]] + [False])
+        batch[rows], compute[rows] = of_piece[found], work[found]
+    if not (batch >= 0).any():
         return None
     span = busy = wait = 0
-    for rows in per_batch.values():
-        span += max(a.end for a, _ in rows) - min(a.start for a, _ in rows)
-        nccl = merge((a.start, a.end) for a, _ in rows if _is_nccl(a))
-        work = merge((a.start, a.end) for a, compute in rows if compute and not _is_nccl(a))
-        busy += length(work)
-        wait += length(nccl) - length(intersect(nccl, work))
+    nccl = activity.is_nccl()
+    order = np.argsort(batch, kind="stable")
+    bounds = np.searchsorted(batch[order], np.arange(-1, len(batches) + 1))
+    for i in range(len(batches)):
+        rows = order[bounds[i + 1]:bounds[i + 2]]
+        if not len(rows):
+            continue
+        start, end, is_nccl = activity.start[rows], activity.end[rows], nccl[rows]
+        span += int(end.max() - start.min())
+        comm = as_list(merge_arrays(start[is_nccl], end[is_nccl]))
+        work = merge_arrays(start[compute[rows] & ~is_nccl], end[compute[rows] & ~is_nccl])
+        busy += int((work[1] - work[0]).sum())
+        wait += length(comm) - overlap(comm, work)
     return _shares(span, busy, wait)
 
 
-def _is_nccl(activity) -> bool:
-    return bool(activity.name) and NCCL in activity.name.lower()
+def _batch_of(piece, starts: list[int], batches) -> int:
+    i = bisect.bisect_right(starts, piece.start) - 1
+    return i if i >= 0 and piece.end <= batches[i].end else -1
 
 
 def markdown_lines(ranks: list[dict], who=lambda r: str(r["rank"])) -> list[str]:

@@ -11,28 +11,30 @@ last launch is where backward compute ends and the wait for the all-reduce begin
 import bisect
 import re
 
-from .stats import intersect, length, merge, percentile
+import numpy as np
+
+from .stats import as_list, intersect, length, merge, merge_arrays, overlap, percentile
 
 ALLREDUCE = re.compile(r"allreduce b(\d+)")
 
 
 def comm_stats(ranges, batches, activity) -> dict | None:
-    """ranges: the rank's NVTX ranges; batches: its batch ranges (sorted); activity: its GPU rows or None."""
+    """ranges: the rank's NVTX ranges; batches: its batch ranges (sorted); activity: its GpuColumns or None."""
     buckets = [r for r in ranges if ALLREDUCE.fullmatch(r.name)]
-    nccl = [a for a in activity or () if a.name and "nccl" in a.name.lower()]
-    if not buckets and not nccl:
+    nccl = activity.is_nccl() if activity is not None else None
+    if not buckets and (nccl is None or not nccl.any()):
         return None
     batch_spans = merge((b.start, b.end) for b in batches)
-    if nccl:
+    if nccl is not None and nccl.any():
         source = "nccl kernels"
-        comm = intersect(merge((a.start, a.end) for a in nccl), batch_spans)
-        compute = merge((a.start, a.end) for a in activity if a.name and "nccl" not in a.name.lower())
+        comm = intersect(as_list(merge_arrays(activity.start[nccl], activity.end[nccl])), batch_spans)
+        work = activity.named() & ~nccl
+        overlap_ns = overlap(comm, merge_arrays(activity.start[work], activity.end[work]))
     else:
         source = "allreduce ranges"
         comm = intersect(merge((r.start, r.end) for r in buckets), batch_spans)
-        compute = merge(_backward_compute(ranges, buckets))
+        overlap_ns = length(intersect(comm, merge(_backward_compute(ranges, buckets))))
     comm_ns = length(comm)
-    overlap_ns = length(intersect(comm, compute))
     batch_ns = length(batch_spans)
     return {"source": source, "seconds": comm_ns / 1e9, "share": comm_ns / batch_ns if batch_ns else None,
             "overlap_share": overlap_ns / comm_ns if comm_ns else None,
@@ -56,8 +58,8 @@ def first_comm_starts(ranges, batches, activity) -> dict:
     The first bucket's launch (NVTX) is when a rank reached the end of its first layers'
     backward; without the ranges, a GPU trace's first NCCL kernel stands in."""
     starts = sorted(r.start for r in ranges if ALLREDUCE.fullmatch(r.name))
-    if not starts:
-        starts = sorted(a.start for a in activity or () if a.name and "nccl" in a.name.lower())
+    if not starts and activity is not None:
+        starts = np.sort(activity.start[activity.is_nccl()]).tolist()
     found = {}
     for key, batch in batches:
         i = bisect.bisect_left(starts, batch.start)

@@ -12,7 +12,10 @@ phase it counts only launches made while the training thread is inside a `batch`
 import bisect
 import re
 
-from .stats import intersect, length, merge
+import numpy as np
+
+from .columns import GpuColumns
+from .stats import intersect, length, merge, merge_arrays, overlap
 
 NCCL = "nccl"
 DATA_GPU = "data_gpu"
@@ -30,6 +33,8 @@ class PhaseLookup:
             self.by_thread.setdefault(r.tid, []).append(r)
         self.parents = {tid: _parents(rs) for tid, rs in self.by_thread.items()}
         self.starts = {tid: [r.start for r in rs] for tid, rs in self.by_thread.items()}
+        self.arrays = {tid: (np.array(self.starts[tid], dtype=np.int64), np.array([r.end for r in rs], dtype=np.int64),
+                             np.array(self.parents[tid], dtype=np.int64)) for tid, rs in self.by_thread.items()}
 
     def phase(self, tid: int, time: int) -> str | None:
         found = self.innermost(tid, time)
@@ -43,6 +48,18 @@ class PhaseLookup:
         while i >= 0 and ranges[i].end <= time:
             i = self.parents[tid][i]
         return ranges[i] if i >= 0 else None
+
+    def innermost_many(self, tid, times: np.ndarray) -> np.ndarray:
+        """innermost() for many times on one thread: indexes into by_thread[tid], -1 for none."""
+        if tid not in self.arrays:
+            return np.full(len(times), -1, dtype=np.int64)
+        starts, ends, parents = self.arrays[tid]
+        i = np.searchsorted(starts, times, side="right") - 1
+        closed = (i >= 0) & (ends[np.maximum(i, 0)] <= times)
+        while closed.any():  # climb to the parent; as many rounds as ranges nest
+            i[closed] = parents[i[closed]]
+            closed = (i >= 0) & (ends[np.maximum(i, 0)] <= times)
+        return i
 
 
 def _parents(ranges) -> list[int]:
@@ -62,47 +79,32 @@ def pipeline_threads(process, thread_names: dict) -> set[int]:
     return named | {r.tid for r in process.ranges if r.name.startswith(DALI_MARK)}
 
 
-def is_pipeline_kernel(activity) -> bool:
-    return bool(activity.full_name and DALI_KERNEL.search(activity.full_name))
-
-
-def gpu_stats(activity, phase_ranges, phases, epochs, training_tid, batches=(), pipeline_tids=frozenset()) -> dict:
-    """activity: this rank's GpuActivity; phase_ranges: phase ranges inside batches;
+def gpu_stats(activity: GpuColumns, phase_ranges, phases, epochs, training_tid, batches=(),
+              pipeline_tids=frozenset()) -> dict:
+    """activity: this rank's GPU activity; phase_ranges: phase ranges inside batches;
     epochs: the rank's epoch ranges; training_tid: the thread holding the batch ranges;
     batches: its batch ranges; pipeline_tids: the input pipeline's threads (pipeline_threads)."""
-    lookup = PhaseLookup(phase_ranges)
-    kernels = [a for a in activity if a.name is not None]
-    kernel_s = sum(a.end - a.start for a in kernels) / 1e9
-    nccl_s = sum(a.end - a.start for a in kernels if NCCL in a.name.lower()) / 1e9
-    phase_ns = {p: 0 for p in (*phases, DATA_GPU)}
-    in_batch = _Spans(merge((b.start, b.end) for b in batches))
-    unattributed = 0
-    for a in activity:
-        phase = None
-        if a.launched is not None:
-            if a.tid in lookup.by_thread and not is_pipeline_kernel(a):
-                phase = lookup.phase(a.tid, a.launched)
-            elif a.tid in pipeline_tids or is_pipeline_kernel(a):
-                phase = DATA_GPU if in_batch.holds(a.launched) else None
-            else:
-                phase = lookup.phase(training_tid, a.launched)
-        if phase in phase_ns:
-            phase_ns[phase] += a.end - a.start
-        else:
-            unattributed += a.end - a.start
-    devices = sorted({a.device for a in activity})
+    duration, kernel = activity.duration, activity.is_kernel()
+    kernel_ns = int(duration[kernel].sum())
+    nccl_ns = int(duration[kernel & activity.is_nccl()].sum())
+    names = (*phases, DATA_GPU)
+    phase = _phases(activity, PhaseLookup(phase_ranges), names, training_tid, batches, pipeline_tids)
+    phase_ns = {p: int(duration[phase == k].sum()) for k, p in enumerate(names)}
+    unattributed = int(duration.sum()) - sum(phase_ns.values())
+    devices = sorted(set(np.unique(activity.device).tolist()))
     spans = merge((r.start, r.end) for r in epochs)
     capacity = length(spans) * len(devices)
-    busy = {d: intersect(merge((a.start, a.end) for a in activity if a.device == d), spans) for d in devices}
-    idle_ns = capacity - sum(length(b) for b in busy.values())
+    busy = {d: merge_arrays(activity.start[activity.device == d], activity.end[activity.device == d])
+            for d in devices}
+    idle_ns = capacity - sum(overlap(spans, b) for b in busy.values())
     data = intersect(merge((r.start, r.end) for r in phase_ranges if r.name == "data"), spans)
-    stall_ns = sum(length(data) - length(intersect(data, b)) for b in busy.values())
-    return {"kernel_time_s": kernel_s, "nccl_time_s": nccl_s, "kernels": len(kernels), "devices": devices,
-            "activity_s": sum(a.end - a.start for a in activity) / 1e9,
+    stall_ns = sum(length(data) - overlap(data, b) for b in busy.values())
+    return {"kernel_time_s": kernel_ns / 1e9, "nccl_time_s": nccl_ns / 1e9, "kernels": int(kernel.sum()),
+            "devices": devices, "activity_s": int(duration.sum()) / 1e9,
             "training_s": capacity / 1e9 if devices else None,
             "idle_s": idle_ns / 1e9 if devices else None,
             "idle_share": idle_ns / capacity if capacity else None,
-            "nccl_share": nccl_s / kernel_s if kernel_s else None,
+            "nccl_share": (nccl_ns / 1e9) / (kernel_ns / 1e9) if kernel_ns else None,  # as before, bit for bit
             "phase_kernel_s": {p: ns / 1e9 for p, ns in phase_ns.items()},
             "unattributed_s": unattributed / 1e9,
             "data_stall_s": stall_ns / 1e9 if devices else None,
@@ -111,12 +113,27 @@ def gpu_stats(activity, phase_ranges, phases, epochs, training_tid, batches=(), 
             "pipeline_threads": len(pipeline_tids)}
 
 
-class _Spans:
-    """Whether a time falls inside merged, sorted [start, end) spans."""
+def _phases(activity: GpuColumns, lookup: PhaseLookup, names: tuple, training_tid, batches,
+            pipeline_tids) -> np.ndarray:
+    """Per row: the index in names of the phase that launched it, -1 for none (see the module doc)."""
+    phase = np.full(len(activity), -1, dtype=np.int64)
+    linked, pipeline_kernel = activity.linked, activity.full_matches(DALI_KERNEL)
+    own = linked & np.isin(activity.tid, list(lookup.by_thread)) & ~pipeline_kernel
+    for tid in lookup.by_thread:
+        _assign(phase, own & (activity.tid == tid), lookup, tid, activity.launched, names)
+    pipeline = linked & ~own & (np.isin(activity.tid, list(pipeline_tids)) | pipeline_kernel)
+    spans = merge((b.start, b.end) for b in batches)
+    starts, ends = (np.array([s[k] for s in spans], dtype=np.int64) for k in (0, 1))
+    at = np.searchsorted(starts, activity.launched, side="right") - 1
+    in_batch = (at >= 0) & (activity.launched < ends[np.maximum(at, 0)]) if spans else np.zeros(len(at), bool)
+    phase[pipeline & in_batch] = names.index(DATA_GPU)
+    _assign(phase, linked & ~own & ~pipeline, lookup, training_tid, activity.launched, names)
+    return phase
 
-    def __init__(self, spans):
-        self.spans, self.starts = spans, [s for s, _ in spans]
 
-    def holds(self, time: int) -> bool:
-        i = bisect.bisect_right(self.starts, time) - 1
-        return i >= 0 and time < self.spans[i][1]
+def _assign(phase: np.ndarray, rows: np.ndarray, lookup: PhaseLookup, tid, launched: np.ndarray, names) -> None:
+    if tid not in lookup.by_thread or not rows.any():
+        return
+    found = lookup.innermost_many(tid, launched[rows])
+    index = np.array([names.index(r.name) if r.name in names else -1 for r in lookup.by_thread[tid]] + [-1])
+    phase[rows] = index[found]  # found == -1 picks the trailing -1

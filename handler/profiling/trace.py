@@ -13,14 +13,12 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError
 
+from .columns import GpuColumns, load_gpu
 from .gpu_metrics import MetricSample, load_metric_samples
 
 RANK_MARK = re.compile(r"rank (\d+)")
 HOST_MARK = re.compile(r"host (\S+)")
 EPOCH = re.compile(r"epoch (\d+)")
-KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
-TRANSFERS = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 
 @dataclass(frozen=True)
@@ -45,27 +43,10 @@ class Process:
 
 
 @dataclass(frozen=True)
-class GpuActivity:
-    """A kernel, copy or memset on the GPU; `name` is None except for kernels.
-
-    `tid` and `launched` are the launching CUDA runtime call's thread and start, linked
-    through correlationId; None when the export has no runtime row for it. `full_name` is
-    a kernel's demangled name with its namespaces (`dali::kernels::...`), where exported."""
-    pid: int
-    device: int
-    start: int
-    end: int
-    name: str | None
-    tid: int | None = None
-    launched: int | None = None
-    full_name: str | None = None
-
-
-@dataclass(frozen=True)
 class Trace:
     processes: tuple[Process, ...]  # sorted by rank
     rank_source: str  # "nvtx mark" or "pid order"
-    gpu: tuple[GpuActivity, ...] | None  # None: no CUDA activity recorded (CPU-only run)
+    gpu: GpuColumns | None  # None: no CUDA activity recorded (CPU-only run)
     metrics: tuple[MetricSample, ...] | None = None  # None: no GPU metrics sampled
     thread_names: dict = field(default_factory=dict)  # globalTid -> its names (ThreadNames)
     cuda_devices: dict | None = None  # (pid, CUDA ordinal) -> nsys GPU id; None: no TARGET_INFO_CUDA_DEVICE
@@ -83,7 +64,7 @@ def load_trace(path: Path) -> Trace:
                 raise UserError(f"{path} has no NVTX ranges; profile with --trace including nvtx "
                                 "(scripts/launch.sh does) and let the run reach its training loop")
             events = db.execute(_nvtx_query(db, tables)).fetchall()
-            gpu = _gpu_activity(db, tables) or None  # empty tables: a non-lazy export of a CPU run
+            gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
             metrics = load_metric_samples(db, tables) or None
             names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
     except sqlite3.DatabaseError as err:
@@ -131,40 +112,6 @@ def _processes(events) -> tuple[tuple[Process, ...], str]:
     return tuple(processes), "nvtx mark" if by_mark else "pid order"
 
 
-def _gpu_activity(db, tables) -> tuple[GpuActivity, ...]:
-    rows = []
-    for table in (KERNELS, *TRANSFERS):
-        if table not in tables:
-            continue
-        have = columns(db, table)
-        corr = "a.correlationId" if "correlationId" in have else "NULL"
-        if table == KERNELS and "StringIds" in tables:
-            full = "a.demangledName" if "demangledName" in have else "NULL"
-            rows += db.execute(f"SELECT a.globalPid, a.deviceId, a.start, a.end, COALESCE(s.value, ''), {corr}, "
-                               f"{full} FROM {table} a LEFT JOIN StringIds s ON s.id = a.shortName "
-                               "ORDER BY a.start").fetchall()
-        else:
-            name = "''" if table == KERNELS else "NULL"
-            rows += db.execute(f"SELECT a.globalPid, a.deviceId, a.start, a.end, {name}, {corr}, NULL "
-                               f"FROM {table} a ORDER BY a.start").fetchall()
-    launches = _launches(db, tables)
-    full_names = _kernel_full_names(db, tables)
-    activity = []
-    for gpid, dev, start, end, name, corr, full in rows:
-        pid = _pid(gpid)
-        tid, launched = launches.get((pid, corr), (None, None))
-        activity.append(GpuActivity(pid, dev, start, end, name, tid, launched, full_names.get(full)))
-    return tuple(sorted(activity, key=lambda a: a.start))
-
-
-def _kernel_full_names(db, tables) -> dict:
-    """StringIds id -> demangled kernel name, one string object per name (names run to kilobytes)."""
-    if not {KERNELS, "StringIds"} <= tables or "demangledName" not in columns(db, KERNELS):
-        return {}
-    return dict(db.execute(f"SELECT s.id, s.value FROM StringIds s WHERE s.id IN "
-                           f"(SELECT DISTINCT demangledName FROM {KERNELS})"))
-
-
 def _thread_names(db, tables) -> dict:
     """globalTid -> the names nsys recorded for that thread (a thread renamed later has several)."""
     if not {"ThreadNames", "StringIds"} <= tables or not {"nameId", "globalTid"} <= columns(db, "ThreadNames"):
@@ -187,13 +134,3 @@ def _cuda_devices(db, tables) -> dict | None:
         return None
     return {(pid if pid < 1 << 24 else _pid(pid), cuda): gpu for gpu, cuda, pid in
             db.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE") if pid is not None}
-
-
-def _launches(db, tables) -> dict:
-    """(pid, correlationId) -> (thread, start) of the CUDA runtime call; ids repeat across processes."""
-    if RUNTIME not in tables or not {"correlationId", "globalTid"} <= columns(db, RUNTIME):
-        return {}
-    found = {}
-    for start, tid, corr in db.execute(f"SELECT start, globalTid, correlationId FROM {RUNTIME} ORDER BY start"):
-        found.setdefault((_pid(tid), corr), (tid, start))
-    return found

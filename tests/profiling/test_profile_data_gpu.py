@@ -10,7 +10,8 @@ import pytest
 from handler.profiling.analysis import PHASES, summarize
 from handler.profiling.gpu_view import gpu_stats, pipeline_threads
 from handler.profiling.render import markdown, one_line
-from handler.profiling.trace import GpuActivity, load_trace
+from handler.profiling.columns import from_rows
+from handler.profiling.trace import load_trace
 from tests.nsys_helpers import REAL_EXPORTS, REPO, with_training_ranges
 from tests.nsys_rows import KERNEL, MEMCPY, MEMSET, RUNTIME, add_range, add_string, clone_row
 from tests.profiling.test_profile_gpu import PID, rank_of
@@ -127,8 +128,8 @@ def test_real_dali_capture_threads_are_recognised_and_the_training_thread_keeps_
     phases = [r for r in process.ranges if r.name in PHASES and any(b.start <= r.start < b.end for b in batches)]
     forward = next(r for r in phases if r.name == "forward")
     at, worker = (forward.start + forward.end) // 2, min(named)
-    activity = [GpuActivity(process.pid, 0, at, at + 1000, "k", training, at),
-                GpuActivity(process.pid, 0, at, at + 3000, "k", worker, at)]
+    activity = from_rows([(process.pid, 0, at, at + 1000, "k", training, at),
+                          (process.pid, 0, at, at + 3000, "k", worker, at)])
     epochs = [r for r in process.ranges if r.name == "epoch 0"]
     gpu = gpu_stats(activity, phases, PHASES, epochs, training, batches, pipeline_threads(process, trace.thread_names))
     assert gpu["phase_kernel_s"]["forward"] == pytest.approx(1e-6)

@@ -19,7 +19,16 @@ def test_summaries_of_the_real_exports_equal_the_old_analysis_bit_for_bit(tmp_pa
     now = summaries(tmp_path)
     assert sorted(now) == sorted(golden)
     for name in golden:
-        assert now[name] == golden[name], name
+        assert not differences(now[name], golden[name]), (name, differences(now[name], golden[name])[:10])
+
+
+def differences(a, b, at="") -> list[str]:
+    """Paths where two JSON values differ, with both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in differences(a.get(k), b.get(k), f"{at}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{at}[{i}]")]
+    return [] if a == b and type(a) is type(b) else [f"{at}: {a!r} != {b!r}"]
 
 
 @pytest.mark.parametrize("copies", [2, 5])
