@@ -6,13 +6,13 @@ The real 2-GPU NCCL export in tests/data/nsys is tiled in time (bench/profile_ti
 each size: K copies of its kernels, runtime calls, copies and memsets, with NVTX ranges at the
 density of a 30-epoch x 196-batch run of the full size. `--full` adds that full size:
 560 copies, about 2.0 M kernels, 3.7 M runtime calls and 0.65 M copies and memsets, 30 x 196.
-Each size runs `python -m handler.profiling.report --brief` in a child process; its peak
-memory is the child's max RSS (getrusage RUSAGE_CHILDREN, measured in a fresh intermediate
+Each size runs `python -m handler.profiling.report --brief` in a child process; its wall and
+CPU seconds (user + system: less sensitive to other load), and its peak memory: the child's max RSS (getrusage RUSAGE_CHILDREN, measured in a fresh intermediate
 process so that sizes do not mask each other). `--ref COMMIT` also runs that commit's report
 (from `git archive`) on the same exports, alternating with the current one round by round, and
 checks that both print the same summary; docs/RESULTS.md has the figures.
 """
-import json
+import ast
 import os
 import subprocess
 import sys
@@ -27,8 +27,9 @@ SOURCE = ROOT / "tests" / "data" / "nsys" / "nsysai_mfu_2gpu_after.sqlite"
 FULL_COPIES, FULL_EPOCHS, FULL_BATCHES = 560, 30, 196
 MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
            "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-           "s = time.perf_counter() - t; m = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
-           "print(repr((r.returncode, s, m, r.stdout.strip()[-400:] + r.stderr.strip()[-400:])))")
+           "s = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+           "print(repr((r.returncode, s, u.ru_maxrss, u.ru_utime + u.ru_stime, "
+           "r.stdout.strip()[-400:] + r.stderr.strip()[-400:])))")
 
 
 def layout(copies: int) -> tuple[int, int]:
@@ -46,10 +47,10 @@ def measure(code: Path, export: Path, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
     raw = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True,
                          cwd=code, env=env, check=True).stdout
-    rc, seconds, max_rss_kb, line = eval(raw)  # noqa: S307 - our own child's repr of a tuple
+    rc, seconds, max_rss_kb, cpu_s, line = ast.literal_eval(raw)
     if rc != 0:
         raise SystemExit(f"bench.profile_scale: the report of {code} failed on {export}: {line}")
-    return {"seconds": seconds, "peak_mb": max_rss_kb / 1024, "line": line}
+    return {"seconds": seconds, "cpu_s": cpu_s, "peak_mb": max_rss_kb / 1024, "line": line}
 
 
 def old_code(ref: str, folder: Path) -> Path:
@@ -74,6 +75,7 @@ def run_size(copies: int, folder: Path, codes: dict, rounds: int) -> dict:
     for name, samples in runs.items():
         seconds = median(s["seconds"] for s in samples)
         result[name] = {"seconds": seconds, "seconds_samples": [s["seconds"] for s in samples],
+                        "cpu_s": median(s["cpu_s"] for s in samples),
                         "peak_mb": max(s["peak_mb"] for s in samples), "rows_per_s": rows / seconds,
                         "line": samples[0]["line"]}
     if "old" in runs:
@@ -95,12 +97,14 @@ def main(argv=None) -> dict:
     sizes += [FULL_COPIES] if args.full else []
     with tempfile.TemporaryDirectory(prefix="profile_scale-") as tmp:
         folder = Path(tmp)
-        codes = {"new": ROOT} | ({"old": old_code(args.ref, folder / "old") if (folder / "old").mkdir() is None
-                                  else None} if args.ref else {})
+        codes = {"new": ROOT}
+        if args.ref:
+            (folder / "old").mkdir()
+            codes["old"] = old_code(args.ref, folder / "old")
         results = [run_size(k, folder, codes, args.rounds) for k in sizes]
-    header = ["copies", "kernels", "rows", *(f"{n} {c}" for n in codes for c in ("s", "peak MB", "rows/s"))]
+    header = ["copies", "kernels", "rows", *(f"{n} {c}" for n in codes for c in ("s", "cpu s", "peak MB", "rows/s"))]
     rows = [[r["copies"], r["rows"]["CUPTI_ACTIVITY_KIND_KERNEL"], r["rows_total"],
-             *(v for n in codes for v in (r[n]["seconds"], r[n]["peak_mb"], r[n]["rows_per_s"]))] for r in results]
+             *(v for n in codes for v in (r[n]["seconds"], r[n]["cpu_s"], r[n]["peak_mb"], r[n]["rows_per_s"]))] for r in results]
     if args.ref:
         header += ["old/new s", "same summary"]
         for row, r in zip(rows, results):

@@ -28,7 +28,7 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,
                "ranks": ranks, "overall": _overall(ranks)}
     summary["gpu_metrics_mapping"] = _mapping(trace, ranks) if trace.metrics else None
-    summary["stragglers"] = stragglers({p.rank: _first_comm(p, trace.gpu) for p in trace.processes})
+    summary["stragglers"] = stragglers(first_comm_per_process(trace))
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     summary["comm_config"] = comm_config(metrics)
     return summary
@@ -74,6 +74,11 @@ def _rank(process: Process, trace: Trace) -> dict:
                                          [(r.start, r.end) for _, r in epochs]) if metrics else None,
         "gpu_metrics_gpus": {str(cuda): gpu for cuda, gpu in gpus.items()} if metrics else None,
     }
+
+
+def first_comm_per_process(trace: Trace) -> dict:
+    """rank -> {(epoch, batch name): start of its first all-reduce}, on the trace's own clock."""
+    return {p.rank: _first_comm(p, trace.gpu) for p in trace.processes}
 
 
 def _mapping(trace: Trace, ranks: list[dict]) -> str:

@@ -1,26 +1,35 @@
-"""Summarise an Nsight Systems report of a training run, per rank.
+"""Summarise an Nsight Systems report of a training run, per rank (and per host for a job of several).
 
     python -m handler.profiling.report nsight_logs/ddp_gpu2.nsys-rep [--out DIR] [--metrics PATH] [--brief]
+    python -m handler.profiling.report nsight_logs/1234_node1.nsys-rep nsight_logs/1234_node2.nsys-rep
+    python -m handler.profiling.report nsight_logs/job1234/          (every report in the folder)
 
 Writes <report-stem>.summary.md and .summary.json next to the report (or into --out),
-prints the markdown (only the one-line summary with --brief). docs/PROFILING.md explains
-how to read it.
+prints the markdown (only the one-line summary with --brief). Several reports (one per node,
+scripts/slurm/train.sbatch with PROFILE=1) give one summary of the job, <job>.summary.md:
+every rank with its host, per-host numbers, stragglers across hosts (handler/profiling/merge.py).
+docs/PROFILING.md explains how to read it.
 """
 import argparse
 import json
+import os
 from pathlib import Path
 
 from handler.runtime.errors import UserError, one_line_errors
 
 from .analysis import summarize
-from .nsys import nsys_version, sqlite_export
+from .merge import markdown_lines as merge_lines
+from .merge import merge
+from .nsys import REPORT_SUFFIXES, nsys_version, sqlite_export
 from .render import markdown, one_line
 from .trace import load_trace
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m handler.profiling.report", description=__doc__.split("\n")[0])
-    parser.add_argument("report", type=Path, help=".nsys-rep from nsys profile (or its .sqlite export)")
+    parser.add_argument("report", type=Path, nargs="+",
+                        help=".nsys-rep from nsys profile (or its .sqlite export); several, or a folder of them, "
+                             "for one summary of a job profiled per node")
     parser.add_argument("--out", type=Path,
                         help="folder for the summary and the SQLite export (default: next to the report)")
     parser.add_argument("--metrics", type=Path, help="the run's metrics JSON, to compare epoch times")
@@ -37,17 +46,49 @@ def load_metrics(path: Path) -> dict:
         raise UserError(f"metrics file {path} is not JSON ({err}); pass the run's metrics JSON") from None
 
 
+def reports_of(paths: list[Path]) -> list[Path]:
+    """The reports named, a folder standing for its .nsys-rep files (its .sqlite exports if it has none)."""
+    found = []
+    for path in paths:
+        if path.is_dir():
+            inside = sorted(p for p in path.iterdir() if p.suffix in REPORT_SUFFIXES) or sorted(path.glob("*.sqlite"))
+            if not inside:
+                raise UserError(f"{path} holds no .nsys-rep or .sqlite report; pass a folder of nsys reports")
+            found += inside
+        else:
+            found.append(path)
+    return found
+
+
+def job_name(reports: list[Path]) -> str:
+    """`1234` for 1234_node1 and 1234_node2 (train.sbatch's names); else the stems' common prefix, or `job`."""
+    stems = [r.stem for r in reports]
+    heads = {s.split("_", 1)[0] for s in stems}
+    if len(heads) == 1 and all("_" in s for s in stems):
+        return heads.pop()
+    return os.path.commonprefix(stems).rstrip("_-.") or "job"
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    out_dir = args.out or args.report.parent
+    reports = reports_of(args.report)
+    out_dir = args.out or reports[0].parent
     metrics = load_metrics(args.metrics) if args.metrics else None
-    analysis = summarize(load_trace(sqlite_export(args.report, out_dir)), metrics)
-    summary = {"report": str(args.report), "nsys_export_version": nsys_version(),
-               "one_line": one_line(analysis), **analysis}
-    page = markdown(summary, args.report.name)
+    if len(reports) == 1:
+        analysis = summarize(load_trace(sqlite_export(reports[0], out_dir)), metrics)
+        name, title, extra = reports[0].stem, reports[0].name, []
+        summary = {"report": str(reports[0]), "nsys_export_version": nsys_version(),
+                   "one_line": one_line(analysis), **analysis}
+    else:
+        analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
+        name = job_name(reports)
+        title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)
+        summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),
+                   "one_line": one_line(analysis), **analysis}
+    page = markdown(summary, title) + ("\n" + "\n".join(extra) if extra else "")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{args.report.stem}.summary.md").write_text(page)
-    (out_dir / f"{args.report.stem}.summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / f"{name}.summary.md").write_text(page)
+    (out_dir / f"{name}.summary.json").write_text(json.dumps(summary, indent=2))
     print(summary["one_line"] if args.brief else page, flush=True)
 
 

@@ -1,0 +1,95 @@
+"""One summary for a job profiled per node (handler/profiling/merge.py), from the real 2-GPU export
+split into two reports, one per host, the second on a clock shifted by an hour (another machine's
+boot time): merging must undo the shift through TARGET_INFO_SESSION_START_TIME."""
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from handler.profiling.analysis import summarize
+from handler.profiling.merge import merge
+from handler.profiling.trace import load_trace
+from handler.runtime.errors import UserError
+from tests.nsys_helpers import REAL_EXPORTS, REPO, with_training_ranges
+
+SHIFT = 3_600_000_000_000  # ns: node2's clock reads an hour later than node1's for the same instant
+TABLES = {"CUPTI_ACTIVITY_KIND_KERNEL": "globalPid", "CUPTI_ACTIVITY_KIND_MEMCPY": "globalPid",
+          "CUPTI_ACTIVITY_KIND_MEMSET": "globalPid", "CUPTI_ACTIVITY_KIND_RUNTIME": "globalTid",
+          "NVTX_EVENTS": "globalTid"}
+
+
+def one_host(full, target, pid, tid, host, shift=0):
+    """A copy of full with only pid's rows, a `host` mark, and its clock moved by shift."""
+    shutil.copyfile(full, target)
+    with sqlite3.connect(target) as db:
+        for table, column in TABLES.items():
+            db.execute(f"DELETE FROM {table} WHERE ({column} >> 24) & 16777215 != ?", (pid,))
+            db.execute(f"UPDATE {table} SET start = start + ?, end = end + ?", (shift, shift))
+        db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId) VALUES (?, NULL, 34, ?, ?, 0)",
+                   (shift, f"host {host}", tid))
+        db.execute("UPDATE TARGET_INFO_SESSION_START_TIME SET systemClockNs = systemClockNs + ?", (shift,))
+    return target
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("job")
+    full = folder / "full.sqlite"
+    layout = with_training_ranges(REAL_EXPORTS["2026.2"], full, batches=6)
+    (pid1, a), (pid2, b) = sorted(layout.items(), key=lambda kv: kv[1]["rank"])
+    reports = folder / "reports"
+    reports.mkdir()
+    parts = [("77_node1.sqlite", one_host(full, reports / "77_node1.sqlite", pid1, a["tid"], "node1")),
+             ("77_node2.sqlite", one_host(full, reports / "77_node2.sqlite", pid2, b["tid"], "node2", SHIFT))]
+    return summarize(load_trace(full)), merge(parts), reports
+
+
+def test_every_rank_is_named_with_its_host_and_its_report(job):
+    _, merged, _ = job
+    assert [(r["rank"], r["host"], r["report"]) for r in merged["ranks"]] == [
+        (0, "node1", "77_node1.sqlite"), (1, "node2", "77_node2.sqlite")]
+    assert merged["hosts"]["node1"]["ranks"] == [0] and merged["hosts"]["node2"]["ranks"] == [1]
+
+
+def test_clocks_are_aligned_so_stragglers_equal_those_of_one_report_holding_both(job):
+    single, merged, _ = job
+    assert single["stragglers"] and single["stragglers"]["steps"] == 6
+    for key in ("steps", "p50_ms", "p95_ms", "max_ms", "most_often_last", "last_rank_counts"):
+        assert merged["stragglers"][key] == pytest.approx(single["stragglers"][key], abs=1e-6), key
+    offsets = [r["clock_offset_ns"] for r in merged["reports"]]
+    assert offsets[0] - offsets[1] == SHIFT
+    host = merged["ranks"][single["stragglers"]["most_often_last"]]["host"]
+    assert merged["stragglers"]["most_often_last_host"] == host
+
+
+def test_per_host_numbers_are_those_of_its_ranks(job):
+    single, merged, _ = job
+    for rank in single["ranks"]:
+        host = merged["hosts"][f"node{rank['rank'] + 1}"]
+        assert host["comm_s"] == pytest.approx(rank["comm"]["seconds"])
+        assert host["comm_exposed_s"] == pytest.approx(rank["comm"]["exposed_s"])
+        assert host["epochs"] == [{"epoch": 0, "time_s": pytest.approx(rank["epochs"][0]["time_s"])}]
+        assert host["step_mean_ms"] == pytest.approx(rank["batches"]["mean_ms"])
+        assert rank["gpu"]["kernel_time_s"] == pytest.approx(
+            next(r for r in merged["ranks"] if r["rank"] == rank["rank"])["gpu"]["kernel_time_s"])
+
+
+def test_the_same_rank_in_two_reports_is_one_line_error(job):
+    _, _, reports = job
+    with pytest.raises(UserError, match="rank 0 appears in b.sqlite"):
+        merge([("a.sqlite", reports / "77_node1.sqlite"), ("b.sqlite", reports / "77_node1.sqlite")])
+
+
+def test_report_of_a_folder_writes_one_job_summary_naming_both_hosts(job, tmp_path):
+    _, _, reports = job
+    run = subprocess.run([sys.executable, "-m", "handler.profiling.report", str(reports), "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 0, run.stderr
+    page = (tmp_path / "77.summary.md").read_text()
+    assert "## Hosts" in page and "| node1 | 0 |" in page and "| node2 | 1 |" in page
+    assert "rank 0 (node1)" in page and "rank 1 (node2)" in page
+    summary = json.loads((tmp_path / "77.summary.json").read_text())
+    assert sorted(summary["hosts"]) == ["node1", "node2"] and summary["stragglers"]["most_often_last_host"]
