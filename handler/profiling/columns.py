@@ -46,7 +46,7 @@ class GpuColumns:
         return len(self.start)
 
     def rows(self, mask: np.ndarray) -> "GpuColumns":
-        return GpuColumns(*(getattr(self, f)[mask] for f in _ARRAYS), self.names, self.full_names)
+        return GpuColumns(**{f: getattr(self, f)[mask] for f in _ARRAYS}, names=self.names, full_names=self.full_names)
 
     def of_pid(self, pid: int) -> "GpuColumns":
         return self.rows(self.pid == pid)
@@ -98,7 +98,8 @@ def from_rows(rows, names=None, full_names=None) -> GpuColumns:
                                   MISSING if tid is None else tid, MISSING if launched is None else launched,
                                   MISSING)):
             arrays[f].append(v)
-    return GpuColumns(*(np.array(arrays[f], dtype=np.int64) for f in _ARRAYS), names, dict(full_names or {}))
+    return GpuColumns(**{f: np.array(arrays[f], dtype=np.int64) for f in _ARRAYS}, names=names,
+                      full_names=dict(full_names or {}))
 
 
 def load_gpu(db, tables: set, columns) -> GpuColumns | None:

@@ -25,7 +25,7 @@ def comm_stats(ranges, batches, activity) -> dict | None:
     if not buckets and (nccl is None or not nccl.any()):
         return None
     batch_spans = merge((b.start, b.end) for b in batches)
-    if nccl is not None and nccl.any():
+    if activity is not None and nccl is not None and nccl.any():
         source = "nccl kernels"
         comm = intersect(as_list(merge_arrays(activity.start[nccl], activity.end[nccl])), batch_spans)
         work = activity.named() & ~nccl
