@@ -2,7 +2,7 @@
 leaves one nsys report per node, and one summary of the job comes from both.
 
 Marker `cluster` (scripts/test_cluster.sh runs it; the main suite does not). Two profiled 1-epoch
-ddp jobs of one rank per node: one on the plain links, one with node2's link shaped slow, whose
+ddp jobs (4 steps) of one rank per node: one on the plain links, one with node2's link shaped slow, whose
 all-reduces wait on the wire, so more of the communication is exposed.
 """
 import json
@@ -37,7 +37,7 @@ def cluster(tmp_path_factory, request):
 def profiled_job(cluster, folder) -> tuple[list, int, dict]:
     """(the reports' names, the job id, the job summary's JSON) of a profiled 1-epoch ddp job."""
     logs = folder / "nsight"
-    job = cluster.submit(folder, ["--mode", "ddp", "--epochs", 1],
+    job = cluster.submit(folder, ["--mode", "ddp", "--epochs", 1, "--batch-size", 64],  # 4 steps per rank
                          env={"NPROC_PER_NODE": "1", "PROFILE": "1", "NSIGHT_LOG_DIR": str(logs)})
     job.finish(limit=180)
     assert job.succeeded, f"the job ended {job.state} {job.exit_code}; output:\n{tail(job.output(), 40)}"
@@ -60,4 +60,5 @@ def test_a_job_profiled_per_node_gives_one_summary_and_a_slow_link_shows_as_expo
     finally:
         cluster.script("shape", "--clear")
     exposed = [sum(h["comm_exposed_s"] for h in s["hosts"].values()) for s in (plain, shaped)]
+    print(f"\nexposed communication, both hosts: {exposed[0]:.3f} s plain, {exposed[1]:.3f} s with node2 at {SLOW}")
     assert exposed[1] > exposed[0] * 1.5, exposed
