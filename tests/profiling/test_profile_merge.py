@@ -2,6 +2,7 @@
 split into two reports, one per host, the second on a clock shifted by an hour (another machine's
 boot time): merging must undo the shift through TARGET_INFO_SESSION_START_TIME."""
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -93,3 +94,16 @@ def test_report_of_a_folder_writes_one_job_summary_naming_both_hosts(job, tmp_pa
     assert "rank 0 (node1)" in page and "rank 1 (node2)" in page
     summary = json.loads((tmp_path / "77.summary.json").read_text())
     assert sorted(summary["hosts"]) == ["node1", "node2"] and summary["stragglers"]["most_often_last_host"]
+
+
+def test_profiled_slurm_job_without_nsys_fails_in_one_line_before_starting(tmp_path):
+    """train.sbatch outside Slurm (the Slurm variables set by hand): it must stop at the profiler
+    check, before it asks Slurm anything."""
+    from tests.nsys_helpers import path_without_nsys
+    env = {**os.environ, "PATH": path_without_nsys(tmp_path), "PROFILE": "1", "SLURM_SUBMIT_DIR": str(REPO),
+           "SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "node1", "CKPT": str(tmp_path / "ckpt"), "PYTHON": sys.executable}
+    run = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "train.sbatch"), "--epochs", "1"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.strip() == ("train.sbatch: PROFILE=1 but nsys is not on PATH; install it on every node "
+                                  "(scripts/install_nsys.sh) or run with PROFILE=0")
