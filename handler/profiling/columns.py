@@ -26,7 +26,7 @@ def pid_of(global_id):
 
 @dataclass(frozen=True, eq=False)
 class GpuColumns:
-    """Kernels, copies and memsets sorted by start (stable: kernels, then copies, then memsets).
+    """Kernels, then copies, then memsets, each in start order (no number depends on the order).
 
     name: a StringIds id into `names` (NO_NAME for copies and memsets, EMPTY_NAME for ''); tid and
     launched: the launching runtime call's thread and start (MISSING where no call links);
@@ -104,15 +104,15 @@ def from_rows(rows, names=None, full_names=None) -> GpuColumns:
 
 def load_gpu(db, tables: set, columns) -> GpuColumns | None:
     """The export's kernels, copies and memsets, linked to their runtime calls; None without any."""
-    parts = []
-    for table in (KERNELS, *TRANSFERS):
-        if table in tables:
-            sql = _activity_query(table, columns(db, table), "StringIds" in tables)
-            parts.append(np.fromiter(db.execute(sql), dtype=ROW))
-    rows = np.concatenate(parts) if parts else np.empty(0, dtype=ROW)
+    queries = [(_activity_query(t, columns(db, t), "StringIds" in tables), _count(db, t))
+               for t in (KERNELS, *TRANSFERS) if t in tables]
+    rows = np.empty(sum(n for _, n in queries), dtype=ROW)
+    at = 0
+    for sql, n in queries:  # each table straight into its slice: no list, no concatenated copy
+        rows[at:at + n] = np.fromiter(db.execute(sql), dtype=ROW, count=n)
+        at += n
     if not len(rows):
         return None
-    rows = rows[np.argsort(rows["start"], kind="stable")]
     tid, launched = _link(db, tables, columns, pid_of(rows["gpid"]), rows["corr"])
     names = _strings(db, tables, rows["name"][rows["name"] >= 0])
     full_names = _strings(db, tables, rows["full"][rows["full"] >= 0])
@@ -120,6 +120,10 @@ def load_gpu(db, tables: set, columns) -> GpuColumns | None:
     return GpuColumns(pid=pid_of(rows["gpid"]), device=rows["device"], start=rows["start"], end=rows["end"],
                       name=rows["name"], tid=tid, launched=launched, full=rows["full"], names=names,
                       full_names=full_names)
+
+
+def _count(db, table: str) -> int:
+    return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
 
 def _activity_query(table: str, have: set, string_ids: bool) -> str:
@@ -150,8 +154,10 @@ def _link(db, tables, columns, pid: np.ndarray, corr: np.ndarray) -> tuple[np.nd
     launched = tid.copy()
     if RUNTIME not in tables or not {"correlationId", "globalTid"} <= columns(db, RUNTIME):
         return tid, launched
-    calls = np.fromiter(db.execute(f"SELECT start, globalTid, correlationId FROM {RUNTIME} "
-                                   "WHERE correlationId IS NOT NULL ORDER BY start"), dtype=CALL)
+    where = f"FROM {RUNTIME} WHERE correlationId IS NOT NULL"
+    count = db.execute(f"SELECT COUNT(*) {where}").fetchone()[0]
+    calls = np.fromiter(db.execute(f"SELECT start, globalTid, correlationId {where} ORDER BY start"),
+                        dtype=CALL, count=count)
     keys, first = np.unique(_key(pid_of(calls["tid"]), calls["corr"]), return_index=True)
     if not len(keys):
         return tid, launched
