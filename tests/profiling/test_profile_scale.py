@@ -45,3 +45,22 @@ def test_a_tiled_export_has_exactly_k_times_the_kernel_seconds(tmp_path, copies)
 def _tiled(path, copies):
     tile(REAL_EXPORTS["2026.2"], path, copies=copies, epochs=1, batches=4 * copies)
     return path
+
+
+def test_bench_profile_scale_quick_runs_old_and_new_side_by_side(tmp_path):
+    """bench.profile_scale --quick: sizes 1 and 2, this checkout against HEAD's code (git archive);
+    both must print the same summary. Numbers are not timed here."""
+    import subprocess
+    import sys
+
+    from tests.nsys_helpers import REPO
+    out = tmp_path / "scale.json"
+    run = subprocess.run([sys.executable, "-m", "bench.profile_scale", "--quick", "--ref", "HEAD", "--json", str(out)],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    sizes = json.loads(out.read_text())["sizes"]
+    assert [s["copies"] for s in sizes] == [1, 2]
+    assert sizes[1]["rows"]["CUPTI_ACTIVITY_KIND_KERNEL"] == 2 * sizes[0]["rows"]["CUPTI_ACTIVITY_KIND_KERNEL"]
+    for size in sizes:
+        assert size["same_summary"] and size["new"]["line"].startswith("profile: ")
+        assert size["new"]["peak_mb"] > 0 and size["old"]["peak_mb"] > 0 and size["new"]["seconds"] > 0
