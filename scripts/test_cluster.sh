@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh requirements-test.txt
 started=$SECONDS
 status=0
-.venv/bin/python -m pytest -m cluster tests/tools/test_cluster.py tests/tools/test_bench_comm.py "$@" || status=$?
+.venv/bin/python -m pytest -m cluster tests/tools/test_cluster.py tests/tools/test_cluster_net.py tests/tools/test_bench_comm.py "$@" || status=$?
 echo "test_cluster: $((SECONDS - started)) s for set-up and the cluster tests (exit $status)"
 exit $status

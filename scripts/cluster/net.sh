@@ -181,7 +181,10 @@ delay_start() {  # the program, recorded as run/delay.pid; returns once it has r
 }
 
 delay_line() { [ -f "$STATE/run/delay.conf" ]; }     # is this cluster using the delay line?
-delay_alive() { recorded_pid delay >/dev/null; }
+delay_alive() {  # a dead program may linger as a zombie until init reaps it: that is dead too
+    local pid
+    pid=$(recorded_pid delay) && [ "$(awk '{sub(/.*\) /, ""); print $1}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
+}
 
 delay_dead_warning() {  # loud, and said wherever the links are looked at
     warn "THE DELAY LINE IS NOT RUNNING (recorded in $STATE/run/delay.pid; log $STATE/log/delay.out):" \
