@@ -1,15 +1,19 @@
-"""bench.comm's step-time model: fitted on measured rows, checked on a held-out rate, then
-used to predict DDP's scaling on real clusters.
+"""bench.comm's step-time model: fitted on measured 2-host rows, checked on a held-out
+(rate, delay) cell and on more hosts, then used to predict DDP's scaling on real clusters.
 
     step = compute + max(0, comm - window)
-    comm = max(floor[hook], beta * wire_bytes * 8 / rate + messages * latency)
+    comm = max(floor[hook], beta * wire_bytes * 8 / rate + messages * (alpha + kappa * delay))
+    messages = 2 (n - 1) * buckets * collectives per bucket   (ring all-reduce over n hosts)
 
 compute (step minus exposed comm) and window (backward compute between the first and the
-last bucket launch: what comm can hide behind) are each hook's medians over the fitted
-rows. comm is bandwidth-bound (beta: link efficiency, 1 when the shaped rate is fully
-used) or, on a fast link, bound below by a floor: the CPU's part of the exchange (copies,
-compression) and its contention with backward. The floor is the mean comm of the rows
-the wire cannot explain; beta (one for all hooks) is least squares on the rows' comm.
+last bucket launch: what comm can hide behind) are each hook's medians over the fitted rows.
+comm is bound by the wire (beta: link efficiency, 1 when the shaped rate is fully used), by
+latency (alpha: each message's cost with no delay added: the stacks and gloo; kappa: how
+much of the link's one-way delay each message waits, 1 when messages never overlap), or,
+on a fast short link, from below by a floor: the CPU's part of the exchange (copies,
+compression) and its contention with backward. beta, alpha and kappa (one each for all
+hooks) are least squares on the rows the line explains; the floor is the mean comm of the
+rows it cannot (docs/COMM.md).
 """
 import math
 
@@ -17,63 +21,130 @@ import numpy as np
 
 NODES = (2, 4, 8, 16, 32)
 GBITS = (1, 10, 25, 100)
-BETAS = np.linspace(0.5, 2.0, 1501)
 FLOOR_MARGIN = 1.25
+ROUNDS = 20  # alternations between the line's least squares and the floors; it settles in a few
 
 
 def line_time(wire_bytes: float, rate_mbit: float) -> float:
     return wire_bytes * 8 / (rate_mbit * 1e6)
 
 
+def ring_messages(hosts: int, buckets: int, per_bucket: int) -> int:
+    """Sequential messages per step: each collective is 2(n-1) ring steps."""
+    return 2 * (hosts - 1) * buckets * per_bucket
+
+
+def ring_share(hosts: int) -> float:
+    """Each host sends 2(n-1)/n of the payload in a ring all-reduce (nccl-tests' busbw factor)."""
+    return 2 * (hosts - 1) / hosts
+
+
+def _terms(rows) -> np.ndarray:
+    """Per row the line's three terms: wire seconds at beta 1, messages, messages x delay (s)."""
+    return np.array([[line_time(r["bytes_per_step"], r["rate_mbit"]), r["messages"],
+                      r["messages"] * (r["delay_ms"] or 0.0) / 1e3] for r in rows])
+
+
+def _floors(rows, hooks, line) -> dict:
+    """Each hook's floor: the mean comm of its rows the line cannot explain (comm above
+    FLOOR_MARGIN times the line); none when the line explains every row."""
+    floors = {}
+    for h in hooks:
+        comm = np.array([r["comm_s"] for r in rows if r["hook"] == h])
+        mine = np.array([line[i] for i, r in enumerate(rows) if r["hook"] == h])
+        bound = comm > FLOOR_MARGIN * mine
+        floors[h] = float(np.mean(comm[bound])) if bound.any() else 0.0
+    return floors
+
+
+def _solve(terms, comm, use) -> np.ndarray:
+    """beta, alpha, kappa >= 0 by least squares on the rows in `use` (a dropped negative term is refitted)."""
+    keep = [0, 1, 2]
+    while True:
+        solved, *_ = np.linalg.lstsq(terms[use][:, keep], comm[use], rcond=None)
+        if (solved >= 0).all():
+            coef = np.zeros(3)
+            coef[keep] = solved
+            return coef
+        keep = [k for k, v in zip(keep, solved) if v >= 0] or [0]
+
+
 def fit(rows) -> dict:
     hooks = sorted({r["hook"] for r in rows})
     params = {"hooks": {h: {"compute_s": _median([r["compute_s"] for r in rows if r["hook"] == h]),
                             "window_s": _median([r["window_s"] for r in rows if r["hook"] == h]),
-                            "bytes_per_step": _median([r["bytes_per_step"] for r in rows if r["hook"] == h])}
+                            "bytes_per_step": _median([r["bytes_per_step"] for r in rows if r["hook"] == h]),
+                            "buckets": _median([r["buckets"] for r in rows if r["hook"] == h]),
+                            "collectives_per_bucket": rows[[r["hook"] for r in rows].index(h)]["collectives_per_bucket"]}
                         for h in hooks}}
-    best = (math.inf, None, None)
-    for beta in BETAS:  # for each beta, each hook's best floor; keep the beta with the least error
-        total, floors = 0.0, {}
-        for h in hooks:
-            comm = np.array([r["comm_s"] for r in rows if r["hook"] == h])
-            line = beta * np.array([line_time(r["bytes_per_step"], r["rate_mbit"]) for r in rows if r["hook"] == h])
-            floors[h], err = _best_floor(comm, line)
-            total += err
-        if total < best[0]:
-            best = (total, float(beta), floors)
-    params["beta"] = best[1]
+    terms, comm = _terms(rows), np.array([r["comm_s"] for r in rows])
+    use = np.ones(len(rows), bool)
+    for _ in range(ROUNDS):
+        coef = _solve(terms, comm, use)
+        line = terms @ coef
+        floors = _floors(rows, hooks, line)
+        now = np.array([line[i] >= floors[r["hook"]] for i, r in enumerate(rows)])
+        if (now == use).all() or not now.any():
+            break
+        use = now
+    params.update(beta=float(coef[0]), alpha_s=float(coef[1]), kappa=float(coef[2]))
     for h in hooks:
-        params["hooks"][h]["floor_s"] = best[2][h]
+        params["hooks"][h]["floor_s"] = floors[h]
     return params
 
 
-def _best_floor(comm, line) -> tuple:
-    """The floor: the mean comm of the rows the wire cannot explain (comm above FLOOR_MARGIN
-    times their line time); none when every row is bandwidth-bound. Returns (floor, squared error)."""
-    bound = comm > FLOOR_MARGIN * line
-    floor = float(np.mean(comm[bound])) if bound.any() else 0.0
-    return floor, float(np.sum((np.maximum(floor, line) - comm) ** 2))
+def predict_comm(params: dict, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
+                 delay_ms: float) -> float:
+    line = (params["beta"] * line_time(wire_bytes, rate_mbit)
+            + messages * (params["alpha_s"] + params["kappa"] * delay_ms / 1e3))
+    return max(floor, line)
 
 
-def predict_step(params: dict, hook: str, rate_mbit: float, wire_bytes: float = None, latency_s: float = 0.0,
-                 messages: int = 0) -> float:
+def predict_step(params: dict, hook: str, row: dict) -> float:
+    """A row's step from the fit: its hook's compute, window and floor; the row's own link."""
     h = params["hooks"][hook]
-    wire = h["bytes_per_step"] if wire_bytes is None else wire_bytes
-    comm = max(h["floor_s"], params["beta"] * line_time(wire, rate_mbit) + messages * latency_s)
+    comm = predict_comm(params, h["floor_s"], row.get("bytes_per_step", h["bytes_per_step"]), row["rate_mbit"],
+                        row["messages"], row["delay_ms"] or 0.0)
     return h["compute_s"] + max(0.0, comm - h["window_s"])
 
 
-def check(rows, held_out: float) -> dict:
-    """Fit on every rate but `held_out`, predict it: relative step-time error per hook."""
-    params = fit([r for r in rows if r["rate_mbit"] != held_out])
-    errors = {}
-    for r in rows:
-        if r["rate_mbit"] == held_out:
-            predicted = predict_step(params, r["hook"], held_out, r["bytes_per_step"])
-            errors[r["hook"]] = {"measured_s": r["step_s"], "predicted_s": predicted,
-                                 "error": abs(predicted - r["step_s"]) / r["step_s"]}
-    return {"held_out_mbit": held_out, "params": params, "per_hook": errors,
+def _error(predicted: float, measured: float) -> dict:
+    return {"measured_s": measured, "predicted_s": predicted, "error": abs(predicted - measured) / measured}
+
+
+def check(rows, held_out: tuple) -> dict:
+    """Fit on every (rate, delay) cell but `held_out`, predict it: relative step-time error per hook."""
+    params = fit([r for r in rows if cell(r) != held_out])
+    errors = {r["hook"]: _error(predict_step(params, r["hook"], r), r["step_s"]) for r in rows if cell(r) == held_out}
+    return {"held_out": list(held_out), "params": params, "per_hook": errors,
             "worst": max(e["error"] for e in errors.values())}
+
+
+def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
+    """More hosts from the 2-host fit. Per hook, one measured cell of the new host count (the
+    fast, undelayed `calibration`) gives compute, window and the CPU floor, which the shared CPU
+    of this machine changes with the host count (a real cluster's GPUs would not); the wire
+    (the 2-host bytes times the ring's 2(n-1)/n over 1), the messages (2(n-1) per collective)
+    and beta, alpha, kappa come from the 2-host fit. Every other cell is predicted."""
+    hosts = rows[0]["hosts"]
+    base = {r["hook"]: r for r in rows if cell(r) == calibration}
+    per_row = []
+    for r in rows:
+        if cell(r) == calibration or r["hook"] not in base:
+            continue
+        h, b = params["hooks"][r["hook"]], base[r["hook"]]
+        wire = h["bytes_per_step"] * ring_share(hosts) / ring_share(2)
+        messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
+        comm = predict_comm(params, b["comm_s"], wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0)
+        predicted = b["compute_s"] + max(0.0, comm - b["window_s"])
+        per_row.append({"hook": r["hook"], "cell": list(cell(r)), "wire_bytes_predicted": wire,
+                        "wire_bytes_measured": r["bytes_per_step"], **_error(predicted, r["step_s"])})
+    return {"hosts": hosts, "calibration": list(calibration), "per_row": per_row,
+            "worst": max((e["error"] for e in per_row), default=None)}
+
+
+def cell(row: dict) -> tuple:
+    return (row["rate_mbit"], row["delay_requested_ms"])
 
 
 def scaling(params: dict, hooks: dict, gpu_step_s: float, latency_s: float, nodes=NODES, gbits=GBITS) -> dict:
@@ -93,12 +164,12 @@ def scaling(params: dict, hooks: dict, gpu_step_s: float, latency_s: float, node
         table[hook] = {}
         for n in nodes:
             for g in gbits:
-                sent = 2 * (n - 1) / n * h["payload_bytes"] * overhead
+                sent = ring_share(n) * h["payload_bytes"] * overhead
                 comm = (params["beta"] * line_time(sent, g * 1000)
-                        + 2 * (n - 1) * h["buckets"] * h["collectives_per_bucket"] * latency_s)
+                        + ring_messages(n, h["buckets"], h["collectives_per_bucket"]) * latency_s)
                 table[hook][f"{n}x{g}"] = gpu_step_s / (gpu_step_s + max(0.0, comm - window))
-    return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "nodes": list(nodes),
-            "gbits": list(gbits)}
+    return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "latency_s": latency_s,
+            "nodes": list(nodes), "gbits": list(gbits)}
 
 
 def _median(values):

@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 import bench.comm as comm
-from bench.comm_model import check, fit, predict_step, scaling
+from bench.comm_model import (check, fit, predict_comm, predict_hosts, predict_step, ring_messages, ring_share,
+                              scaling)
 from handler.compare.__main__ import load_comm_bench
 from handler.compare.cells import Variant, sweep_hooks
 from handler.compare.plots import write_plots
@@ -17,43 +18,75 @@ from handler.train.config import COMM_HOOKS
 from handler.runtime.errors import UserError
 from tests.conftest import ROOT, run_process
 
-TRUE = {"beta": 1.2, "hooks": {  # what the synthetic rows obey
-    "allreduce": {"floor_s": 0.10, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 1.1e6},
-    "fp16": {"floor_s": 0.11, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 0.55e6},
-    "bf16": {"floor_s": 0.11, "compute_s": 0.21, "window_s": 0.08, "bytes_per_step": 0.55e6},
-    "powersgd": {"floor_s": 0.15, "compute_s": 0.22, "window_s": 0.09, "bytes_per_step": 0.1e6}}}
-RATES = (1000, 200, 50, 10)
+TRUE = {"beta": 1.2, "alpha_s": 3e-4, "kappa": 0.8, "hooks": {  # what the synthetic rows obey
+    "allreduce": {"floor_s": 0.10, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 1.1e6, "buckets": 4,
+                  "collectives_per_bucket": 1},
+    "fp16": {"floor_s": 0.11, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 0.55e6, "buckets": 4,
+             "collectives_per_bucket": 1},
+    "bf16": {"floor_s": 0.11, "compute_s": 0.21, "window_s": 0.08, "bytes_per_step": 0.55e6, "buckets": 4,
+             "collectives_per_bucket": 1},
+    "powersgd": {"floor_s": 0.15, "compute_s": 0.22, "window_s": 0.09, "bytes_per_step": 0.1e6, "buckets": 4,
+                 "collectives_per_bucket": 3}}}
+RATES, DELAYS = (1000, 200, 50, 10), (0, 1, 5)
 
 
-def synthetic_rows(params=TRUE, rates=RATES):
+def synthetic_rows(params=TRUE, rates=RATES, delays=DELAYS, hosts=2, cells=None):
+    """Rows that obey the model exactly, for HOSTS hosts (the ring's wire and messages)."""
     rows = []
-    for rate in rates:
+    for rate, delay in cells or [(r, d) for r in rates for d in delays]:
         for hook, h in params["hooks"].items():
-            comm_s = max(h["floor_s"], params["beta"] * h["bytes_per_step"] * 8 / (rate * 1e6))
-            step = predict_step(params, hook, rate)
-            rows.append({"rate_mbit": rate, "delay_ms": 0.0, "hook": hook, "step_s": step, "comm_s": comm_s,
-                         "compute_s": h["compute_s"], "exposed_comm_s": step - h["compute_s"],
-                         "window_s": h["window_s"], "bytes_per_step": h["bytes_per_step"],
-                         "images_per_s": 64 / step})
+            messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
+            row = {"hosts": hosts, "rate_mbit": rate, "delay_requested_ms": delay, "delay_ms": delay, "hook": hook,
+                   "bytes_per_step": h["bytes_per_step"] * ring_share(hosts), "messages": messages,
+                   "buckets": h["buckets"], "collectives_per_bucket": h["collectives_per_bucket"]}
+            comm_s = predict_comm(params, h["floor_s"], row["bytes_per_step"], rate, messages, delay)
+            step = predict_step(params, hook, row)
+            rows.append({**row, "step_s": step, "comm_s": comm_s, "compute_s": h["compute_s"],
+                         "exposed_comm_s": step - h["compute_s"], "window_s": h["window_s"],
+                         "images_per_s": 16 / step})
     return rows
 
 
-def test_the_fit_recovers_the_link_and_hook_costs_of_rows_that_obey_it():
+def test_the_fit_recovers_the_link_latency_and_hook_costs_of_rows_that_obey_it():
     params = fit(synthetic_rows())
-    assert params["beta"] == pytest.approx(1.2, abs=1e-3)
-    for hook in ("allreduce", "fp16", "bf16"):  # powersgd's bytes never leave its floor: no beta in it
+    assert params["beta"] == pytest.approx(1.2, rel=1e-3)
+    assert params["alpha_s"] == pytest.approx(3e-4, rel=1e-2) and params["kappa"] == pytest.approx(0.8, rel=1e-3)
+    for hook in ("allreduce", "fp16", "bf16", "powersgd"):
         assert params["hooks"][hook]["floor_s"] == pytest.approx(TRUE["hooks"][hook]["floor_s"], rel=0.02)
-    checked = check(synthetic_rows(), 50)
-    assert checked["held_out_mbit"] == 50 and set(checked["per_hook"]) == set(TRUE["hooks"])
+    checked = check(synthetic_rows(), (50, 1))
+    assert checked["held_out"] == [50, 1] and set(checked["per_hook"]) == set(TRUE["hooks"])
     assert checked["worst"] < 0.01
+
+
+def test_a_fit_without_the_latency_term_misses_delayed_rows():
+    """The old model (no latency): the delay rows cannot be explained by bytes alone."""
+    rows = synthetic_rows()
+    assert check(rows, (50, 5))["worst"] < 0.01
+    for r in rows:
+        r["messages"] = 0  # what the model sees when it leaves latency out
+    assert check(rows, (50, 5))["worst"] > 0.05
 
 
 def test_the_check_fails_rows_the_model_cannot_explain():
     rows = synthetic_rows()
-    for r in rows:  # a link that gets slower than its rate says below 100 Mbit/s
-        if r["rate_mbit"] == 50:
+    for r in rows:  # a link that gets slower than its rate says at one cell
+        if (r["rate_mbit"], r["delay_requested_ms"]) == (50, 1):
             r["step_s"] *= 1.5
-    assert check(rows, 50)["worst"] > 0.15
+    assert check(rows, (50, 1))["worst"] > 0.15
+
+
+def test_four_hosts_are_predicted_from_the_two_host_fit_by_the_ring_formula():
+    params = fit(synthetic_rows())
+    four = synthetic_rows(hosts=4, cells=[(1000, 0), (10, 0), (1000, 5), (50, 1)])
+    found = predict_hosts(params, four, (1000, 0))
+    assert found["hosts"] == 4 and len(found["per_row"]) == 3 * 4
+    assert found["worst"] < 0.01
+    assert all(e["wire_bytes_predicted"] == pytest.approx(e["wire_bytes_measured"]) for e in found["per_row"])
+    linear = synthetic_rows(hosts=4, cells=[(1000, 0), (10, 0), (1000, 5), (50, 1)])
+    for r in linear:  # a network whose latency did not grow with the ring's 2(n-1) steps
+        if r["delay_requested_ms"] == 5 and r["hook"] == "powersgd":
+            r["step_s"] -= 2 * 12 * 0.8 * 5e-3
+    assert predict_hosts(params, linear, (1000, 0))["worst"] > 0.15
 
 
 def test_scaling_efficiency_falls_with_nodes_rises_with_bandwidth_and_compression_helps():
@@ -70,26 +103,42 @@ def test_scaling_efficiency_falls_with_nodes_rises_with_bandwidth_and_compressio
 
 
 def test_targets_name_the_best_hook_and_check_the_done_conditions():
-    found = comm.targets(synthetic_rows(), 0.05)
+    found = comm.targets(synthetic_rows(), 0.05, 0.1)
     best = next(k for k in found if k.startswith("best hook"))
     assert "(powersgd)" in best and found[best]["met"]
     assert all(t["met"] for t in found.values())
-    assert not comm.targets(synthetic_rows(), 0.2)["model_error (held-out rate, worst hook)"]["met"]
+    missed = comm.targets(synthetic_rows(), 0.2, 0.3)
+    assert not missed["model_error (held-out rate and delay, worst hook)"]["met"]
+    assert not missed["hosts_prediction_error (more hosts from the 2-host fit, worst cell)"]["met"]
 
 
-def test_json_has_rows_model_error_model_and_env(tmp_path, monkeypatch):
+def test_json_has_rows_with_hosts_both_errors_model_and_env(tmp_path, monkeypatch):
+    def measured(cluster, size, folder):
+        assert size["hosts"] == 4 and comm.hosts_grid(size) == [(1000, 0), (10, 0), (1000, 5), (50, 1)]
+        rows = synthetic_rows(rates=(1000, 50, 10)) + synthetic_rows(hosts=4, cells=comm.hosts_grid(size))
+        for r in rows:  # the worker measures these; main() adds messages and collectives itself
+            del r["messages"], r["collectives_per_bucket"]
+        return rows
+
     monkeypatch.setattr(comm, "Cluster", lambda script, state: None)
-    monkeypatch.setattr(comm, "measure", lambda cluster, size, folder: synthetic_rows(rates=(1000, 50, 10)))
+    monkeypatch.setattr(comm, "measure", measured)
+    monkeypatch.setattr(comm, "payloads", lambda model, rank, cap: {
+        h: {"payload_bytes": TRUE["hooks"][h]["bytes_per_step"], "buckets": 4,
+            "collectives_per_bucket": TRUE["hooks"][h]["collectives_per_bucket"]} for h in TRUE["hooks"]})
     out = tmp_path / "comm.json"
     comm.main(["--quick", "--json", str(out)])
     data = json.loads(out.read_text())
-    assert {"rows", "model_error", "model", "env"} <= set(data)
-    assert set(data["rows"][0]) >= {"rate_mbit", "delay_ms", "hook", "step_s", "compute_s", "comm_s",
-                                    "exposed_comm_s", "bytes_per_step", "images_per_s"}
-    assert data["model_error"] < 0.01 and data["model"]["held_out_mbit"] == 50
-    assert "no netem" in data["env"]["note"]  # the delay asked for was not applied, and it says so
+    assert {"rows", "model_error", "hosts_prediction_error", "model", "env"} <= set(data)
+    assert set(data["rows"][0]) >= {"hosts", "rate_mbit", "delay_ms", "hook", "step_s", "compute_s", "comm_s",
+                                    "exposed_comm_s", "bytes_per_step", "images_per_s", "messages"}
+    assert {r["hosts"] for r in data["rows"]} == {2, 4}
+    assert data["model_error"] < 0.01 and data["model"]["held_out"] == [50, 1]
+    assert data["hosts_prediction_error"] < 0.01
+    assert data["model"]["fit_all_cells"]["alpha_s"] == pytest.approx(3e-4, rel=0.01)
+    assert "note" not in data["env"]  # every row got the delay it asked for
     table = data["model"]["scaling"]
     assert set(table["efficiency"]) == set(COMM_HOOKS) and len(table["efficiency"]["allreduce"]) == 5 * 4
+    assert table["latency_s"] == data["model"]["fit_all_cells"]["alpha_s"]  # the fitted latency, not an assumed one
     assert any("ASSUMED" in a for a in table["assumptions"])
     assert load_comm_bench(out)["rows"] == data["rows"]
 
