@@ -7,11 +7,12 @@ hosts and on more (--hosts, default 4), and a cost model fitted on 2 hosts that 
 Hosts of scripts/cluster.sh (`up --net-only --nodes N`: network namespaces on a bridge,
 nothing in the root namespace, addresses from 198.18.0.0/24), one rank on each, gloo over
 their links, one DDP model per hook in each rank (bench/comm_worker.py). Rounds go over the
-(rate, delay) cells: rank 0 reshapes node1's link (`scripts/cluster.sh shape node1`: both
+(rate, delay) cells: rank 0 reshapes every host's link (`scripts/cluster.sh shape`: both
 directions, tbf rate, delay by netem or the cluster's delay line), one untimed step lets TCP
 settle, then the hooks take turns, step by step, for a few timed steps each. The cell order
 rotates from round to round, so load from other jobs that comes and goes reaches every cell
-and hook alike. resnet20, global batch 16 per 2 hosts (8 per rank at any host count),
+and hook alike. Every host's link is shaped alike (rate and delay), so each ring hop costs
+the same: the case the ring formula describes. resnet20, global batch 16 per 2 hosts (8 per rank at any host count),
 buckets of 0.25 MB (4 buckets, so backward has something to overlap with), one thread per
 rank: at 10 Mbit/s plain all-reduce's exposed comm is most of the step.
 
@@ -38,11 +39,11 @@ from handler.train.config import COMM_HOOKS
 from handler.runtime.errors import UserError, one_line_errors
 
 CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "cluster.sh")
-SHAPED = "node1"  # rank 0's host; its link is the path's only shaped hop
+SHAPED = "every host's link, both directions, alike"  # so each ring hop costs the same: the ring formula's case
 PORT = 29400  # inside the cluster's namespaces nothing else listens
 FULL = dict(model="resnet20", batch=16, warmup=3, rounds=4, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
-            rates=(1000, 200, 50, 10), delays=(0, 1, 5), held_out=(50, 1), hosts=4, hosts_rounds=3)
-QUICK = dict(FULL, rounds=3, steps=2, rates=(1000, 50, 10), hosts_rounds=2)
+            rates=(1000, 200, 50, 10), delays=(0, 1, 5), held_out=(50, 1), hosts=4, hosts_rounds=3, hosts_cells=4)
+QUICK = dict(FULL, rounds=2, steps=2, rates=(1000, 50, 10), hosts_rounds=2, hosts_cells=3)
 TIMEOUT_S = 540
 # The per-GPU step for the scaling table. No GPU run of this repository has measured one
 # (README "GPU status"), so it is ASSUMED: ResNet-18 (CIFAR) is 0.56 GMAC per image, about
@@ -50,6 +51,9 @@ TIMEOUT_S = 540
 # (bf16 on an A100/H100 class GPU with 32x32 images) about 10 s per epoch of 175 steps.
 ASSUMED_GPU_EPOCH_S = 10.0
 GPU_STEPS_PER_EPOCH = 45000 // 256
+# A real rack's one-way host-to-host latency over TCP, ASSUMED (20 us, two switch ports of 10):
+# the fitted kappa says how many port delays each message waits, alpha what it costs beside them.
+PORT_LATENCY_US = 10
 
 
 class Cluster:
@@ -113,11 +117,11 @@ def grid(size: dict) -> list:
 
 
 def hosts_grid(size: dict) -> list:
-    """The other host count's cells: the fast undelayed one (its calibration), the slowest rate,
-    the longest delay and the held-out cell: each term of the model has a cell to predict."""
+    """The other host count's cells: the fast undelayed one (its calibration), the slowest rate
+    and the longest delay (each term of the model has a cell to predict), then the held-out cell."""
     fast, slow, far = max(size["rates"]), min(size["rates"]), max(size["delays"])
     cells = [(fast, 0.0), (slow, 0.0), (fast, far), tuple(map(float, size["held_out"]))]
-    return [c for k, c in enumerate(cells) if c not in cells[:k]]
+    return [c for k, c in enumerate(cells) if c not in cells[:k]][:size["hosts_cells"]]
 
 
 def payloads(model_name: str, rank: int, cap_mb: float) -> dict:
@@ -193,7 +197,7 @@ def main(argv=None) -> dict:
         r["collectives_per_bucket"] = mine[r["hook"]]["collectives_per_bucket"]
         r["messages"] = ring_messages(r["hosts"], r["buckets"], r["collectives_per_bucket"])
     model = modelled(rows, size, mine, args.gpu_epoch_s)
-    env = {"cluster": str(CLUSTER), "shaped": f"{SHAPED}'s link, both directions", "ranks_per_host": 1,
+    env = {"cluster": str(CLUSTER), "shaped": SHAPED, "ranks_per_host": 1,
            "hosts": sorted({r["hosts"] for r in rows}), "threads_per_rank": 1, "timing": TIMING,
            "delays_applied_ms": sorted({r["delay_ms"] for r in rows if r["delay_ms"] is not None}),
            **{k: size[k] for k in ("model", "batch", "warmup", "rounds", "hosts_rounds", "steps", "bucket_cap_mb",
@@ -240,8 +244,9 @@ def modelled(rows: list, size: dict, mine: dict, gpu_epoch_s) -> dict:
     if params:
         params["hooks"]["allreduce"]["payload_bytes"] = mine["allreduce"]["payload_bytes"]
         gpu_step = (gpu_epoch_s or ASSUMED_GPU_EPOCH_S) / GPU_STEPS_PER_EPOCH
-        prediction = scaling(params, payloads("resnet18", size["powersgd_rank"], 25.0), gpu_step, params["alpha_s"])
-        prediction["assumptions"] = assumptions(gpu_epoch_s, gpu_step, params["alpha_s"])
+        latency = params["alpha_s"] + params["kappa"] * PORT_LATENCY_US * 1e-6
+        prediction = scaling(params, payloads("resnet18", size["powersgd_rank"], 25.0), gpu_step, latency)
+        prediction["assumptions"] = assumptions(gpu_epoch_s, gpu_step, params)
     return {"formula": FORMULA, "held_out": list(held_out), "error": error, "fit_all_cells": params,
             "checks": checks, "hosts_prediction": hosts, "scaling": prediction}
 
@@ -252,15 +257,16 @@ TIMING = ("in-process perf_counter timings of the ranges a profiled run marks (b
           "reduced by handler/profiling/comm.py's comm_stats, per step; medians over the timed steps")
 
 
-def assumptions(measured_epoch_s, step_s: float, alpha_s: float) -> list:
+def assumptions(measured_epoch_s, step_s: float, params: dict) -> list:
     epoch = f"MEASURED 1-GPU epoch {measured_epoch_s:g} s" if measured_epoch_s else (
         f"ASSUMED 1-GPU epoch {ASSUMED_GPU_EPOCH_S:g} s (no GPU run in this repository; an estimate from "
         "3.3 GFLOP per image at 15 TFLOP/s)")
     return [f"per-GPU step {step_s * 1e3:.0f} ms = {epoch} / {GPU_STEPS_PER_EPOCH} steps of 256 images",
             "weak scaling: every GPU keeps 256 images per step; one GPU per node; ring all-reduce, "
             "2(n-1)/n of the payload per GPU",
-            f"latency {alpha_s * 1e6:.0f} us per ring message: alpha as FITTED here (gloo over TCP on this "
-            "machine's veth, no delay added), not a GPU network's",
+            f"latency per ring message = alpha {params['alpha_s'] * 1e6:.0f} us + kappa {params['kappa']:.2f} x "
+            f"{PORT_LATENCY_US} us per switch port: alpha and kappa FITTED here (gloo over TCP), the port latency "
+            "ASSUMED (a rack's 20 us one way)",
             "overlap window: the share of the step it had in the fitted rows (resnet20 on CPU)",
             "link efficiency beta and wire overhead as fitted on the shaped veth (TCP); compression "
             "compute on the GPU left out (unmeasured)"]

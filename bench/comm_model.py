@@ -2,18 +2,20 @@
 (rate, delay) cell and on more hosts, then used to predict DDP's scaling on real clusters.
 
     step = compute + max(0, comm - window)
-    comm = max(floor[hook], beta * wire_bytes * 8 / rate + messages * (alpha + kappa * delay))
+    comm = max(floor[hook], beta * wire_bytes * 8 / rate) + messages * (alpha + kappa * delay)
     messages = 2 (n - 1) * buckets * collectives per bucket   (ring all-reduce over n hosts)
 
 compute (step minus exposed comm) and window (backward compute between the first and the
 last bucket launch: what comm can hide behind) are each hook's medians over the fitted rows.
-comm is bound by the wire (beta: link efficiency, 1 when the shaped rate is fully used), by
-latency (alpha: each message's cost with no delay added: the stacks and gloo; kappa: how
-much of the link's one-way delay each message waits, 1 when messages never overlap), or,
-on a fast short link, from below by a floor: the CPU's part of the exchange (copies,
-compression) and its contention with backward. beta, alpha and kappa (one each for all
-hooks) are least squares on the rows the line explains; the floor is the mean comm of the
-rows it cannot (docs/COMM.md).
+The exchange is bound by the wire (beta: link efficiency, 1 when the shaped rate is fully
+used) or, on a fast link, by the CPU's part of it (copies, compression, contention with
+backward: each hook's floor, which overlaps the wire). Waiting adds to either: each
+sequential message costs alpha (no delay added) plus kappa times the delay of one switch
+port (every host's link is delayed alike, so a message host to host crosses two ports:
+kappa 2 when a message is one crossing, 4 when it is a round trip). beta, alpha and kappa
+are one for all hooks; at a fixed host count alpha cannot be told apart from the floors
+(each hook's messages are fixed), so the fit keeps it only where the floors leave a need
+for it (docs/COMM.md).
 """
 import math
 
@@ -21,8 +23,9 @@ import numpy as np
 
 NODES = (2, 4, 8, 16, 32)
 GBITS = (1, 10, 25, 100)
+BETAS = np.linspace(0.5, 2.0, 151)
 FLOOR_MARGIN = 1.25
-ROUNDS = 20  # alternations between the line's least squares and the floors; it settles in a few
+ROUNDS = 8  # alternations between the latency's least squares and the floors; they settle in a few
 
 
 def line_time(wire_bytes: float, rate_mbit: float) -> float:
@@ -40,64 +43,73 @@ def ring_share(hosts: int) -> float:
 
 
 def _terms(rows) -> np.ndarray:
-    """Per row the line's three terms: wire seconds at beta 1, messages, messages x delay (s)."""
+    """Per row: wire seconds at beta 1, messages, messages x delay (s)."""
     return np.array([[line_time(r["bytes_per_step"], r["rate_mbit"]), r["messages"],
                       r["messages"] * (r["delay_ms"] or 0.0) / 1e3] for r in rows])
 
 
-def _floors(rows, hooks, line) -> dict:
-    """Each hook's floor: the mean comm of its rows the line cannot explain (comm above
-    FLOOR_MARGIN times the line); none when the line explains every row."""
+def _floors(rows, hooks, rest, wire) -> dict:
+    """Each hook's floor: the mean of what latency leaves of comm (`rest`) in its rows the wire
+    cannot explain (above FLOOR_MARGIN times the wire time); none when the wire explains all."""
     floors = {}
     for h in hooks:
-        comm = np.array([r["comm_s"] for r in rows if r["hook"] == h])
-        mine = np.array([line[i] for i, r in enumerate(rows) if r["hook"] == h])
-        bound = comm > FLOOR_MARGIN * mine
-        floors[h] = float(np.mean(comm[bound])) if bound.any() else 0.0
+        idx = [i for i, r in enumerate(rows) if r["hook"] == h]
+        bound = rest[idx] > FLOOR_MARGIN * wire[idx]
+        floors[h] = float(np.mean(rest[idx][bound])) if bound.any() else 0.0
     return floors
 
 
-def _solve(terms, comm, use) -> np.ndarray:
-    """beta, alpha, kappa >= 0 by least squares on the rows in `use` (a dropped negative term is refitted)."""
-    keep = [0, 1, 2]
-    while True:
-        solved, *_ = np.linalg.lstsq(terms[use][:, keep], comm[use], rcond=None)
+def _solve(terms, target) -> np.ndarray:
+    """alpha, kappa >= 0: least squares (a negative one is dropped and the other refitted)."""
+    keep = [0, 1]
+    while keep:
+        solved, *_ = np.linalg.lstsq(terms[:, keep], target, rcond=None)
         if (solved >= 0).all():
-            coef = np.zeros(3)
+            coef = np.zeros(2)
             coef[keep] = solved
             return coef
-        keep = [k for k, v in zip(keep, solved) if v >= 0] or [0]
+        keep = [k for k, v in zip(keep, solved) if v >= 0]
+    return np.zeros(2)
+
+
+def _fit_at(rows, hooks, terms, comm, beta: float) -> tuple:
+    """For one beta: floors and (alpha, kappa), alternately, until they settle; the squared error."""
+    wire = beta * terms[:, 0]
+    coef = np.zeros(2)
+    for _ in range(ROUNDS):
+        floors = _floors(rows, hooks, comm - terms[:, 1:] @ coef, wire)
+        base = np.array([max(floors[r["hook"]], wire[i]) for i, r in enumerate(rows)])
+        settled, coef = coef, _solve(terms[:, 1:], comm - base)
+        if np.allclose(settled, coef, rtol=1e-6, atol=1e-9):
+            break
+    error = float(np.sum((base + terms[:, 1:] @ coef - comm) ** 2))
+    return error, coef, floors
 
 
 def fit(rows) -> dict:
     hooks = sorted({r["hook"] for r in rows})
-    params = {"hooks": {h: {"compute_s": _median([r["compute_s"] for r in rows if r["hook"] == h]),
-                            "window_s": _median([r["window_s"] for r in rows if r["hook"] == h]),
-                            "bytes_per_step": _median([r["bytes_per_step"] for r in rows if r["hook"] == h]),
-                            "buckets": _median([r["buckets"] for r in rows if r["hook"] == h]),
-                            "collectives_per_bucket": rows[[r["hook"] for r in rows].index(h)]["collectives_per_bucket"]}
-                        for h in hooks}}
+    params = {"hooks": {h: _hook_medians([r for r in rows if r["hook"] == h]) for h in hooks}}
     terms, comm = _terms(rows), np.array([r["comm_s"] for r in rows])
-    use = np.ones(len(rows), bool)
-    for _ in range(ROUNDS):
-        coef = _solve(terms, comm, use)
-        line = terms @ coef
-        floors = _floors(rows, hooks, line)
-        now = np.array([line[i] >= floors[r["hook"]] for i, r in enumerate(rows)])
-        if (now == use).all() or not now.any():
-            break
-        use = now
-    params.update(beta=float(coef[0]), alpha_s=float(coef[1]), kappa=float(coef[2]))
+    best = min((_fit_at(rows, hooks, terms, comm, float(beta)) + (float(beta),) for beta in BETAS),
+               key=lambda found: found[0])
+    _, coef, floors, beta = best
+    params.update(beta=beta, alpha_s=float(coef[0]), kappa=float(coef[1]))
     for h in hooks:
         params["hooks"][h]["floor_s"] = floors[h]
     return params
 
 
+def _hook_medians(mine: list) -> dict:
+    return {"compute_s": _median([r["compute_s"] for r in mine]), "window_s": _median([r["window_s"] for r in mine]),
+            "bytes_per_step": _median([r["bytes_per_step"] for r in mine]),
+            "buckets": _median([r["buckets"] for r in mine]),
+            "collectives_per_bucket": mine[0]["collectives_per_bucket"]}
+
+
 def predict_comm(params: dict, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
                  delay_ms: float) -> float:
-    line = (params["beta"] * line_time(wire_bytes, rate_mbit)
+    return (max(floor, params["beta"] * line_time(wire_bytes, rate_mbit))
             + messages * (params["alpha_s"] + params["kappa"] * delay_ms / 1e3))
-    return max(floor, line)
 
 
 def predict_step(params: dict, hook: str, row: dict) -> float:
@@ -135,7 +147,8 @@ def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
         h, b = params["hooks"][r["hook"]], base[r["hook"]]
         wire = h["bytes_per_step"] * ring_share(hosts) / ring_share(2)
         messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
-        comm = predict_comm(params, b["comm_s"], wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0)
+        floor = b["comm_s"] - messages * params["alpha_s"]  # the calibration cell's comm, less its latency
+        comm = predict_comm(params, floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0)
         predicted = b["compute_s"] + max(0.0, comm - b["window_s"])
         per_row.append({"hook": r["hook"], "cell": list(cell(r)), "wire_bytes_predicted": wire,
                         "wire_bytes_measured": r["bytes_per_step"], **_error(predicted, r["step_s"])})

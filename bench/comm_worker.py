@@ -1,6 +1,6 @@
 """One rank of bench.comm, run inside a host of scripts/cluster.sh: one DDP model per hook,
-warm-up steps, then rounds over the link's (rate, delay) cells, timed steps whose comm, overlap and exposed
-comm come from handler/profiling/comm.py, applied to in-process timings of the same ranges a
+warm-up steps, then rounds over the links' (rate, delay) cells, timed steps whose comm, overlap
+and exposed comm come from handler/profiling/comm.py, applied to in-process timings of the same ranges a
 profiled run has (`batch`, `backward`, `allreduce b{k}`; nsys would be slower than the steps).
 
     python -m bench.comm_worker --rank R --world N --master HOST --port P --hooks H,... --cells RATE:DELAY,... ...
@@ -105,9 +105,9 @@ class Hooked:
 
 
 def shape(cluster: str, rate: float, delay_ms: float) -> float:
-    """Rank 0 reshapes its own host's link with scripts/cluster.sh (the verb works from inside a
-    host); returns the delay the kernel applied."""
-    said = subprocess.run(["bash", cluster, "shape", "node1", "--rate", f"{rate:g}mbit", "--delay", f"{delay_ms:g}ms"],
+    """Rank 0 reshapes every host's link alike with scripts/cluster.sh (the verb works from inside
+    a host); returns the delay applied."""
+    said = subprocess.run(["bash", cluster, "shape", "--rate", f"{rate:g}mbit", "--delay", f"{delay_ms:g}ms"],
                           capture_output=True, text=True, check=True)
     found = re.search(r"delay ([\d.]+) ms each way", said.stdout + said.stderr)
     return float(found.group(1)) if found else math.nan
@@ -163,7 +163,7 @@ def main(argv=None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--hooks", required=True, help="comma-separated --comm-hook names")
     p.add_argument("--cells", type=cells_arg, required=True,
-                   help="comma-separated RATE:DELAY, Mbit/s and ms each way for node1's link")
+                   help="comma-separated RATE:DELAY, Mbit/s and ms each way for every host's link")
     p.add_argument("--cluster", required=True, help="scripts/cluster.sh, for rank 0 to reshape its link")
     p.add_argument("--size", required=True,
                    help="JSON: model, batch, warmup, rounds, steps, bucket_cap_mb, powersgd_rank")
