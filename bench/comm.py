@@ -43,7 +43,7 @@ SHAPED = "every host's link, both directions, alike"  # so each ring hop costs t
 PORT = 29400  # inside the cluster's namespaces nothing else listens
 FULL = dict(model="resnet20", batch=16, warmup=3, rounds=4, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
             rates=(1000, 200, 50, 10), delays=(0, 1, 5), held_out=(50, 1), hosts=4, hosts_rounds=3, hosts_cells=4)
-QUICK = dict(FULL, rounds=2, steps=2, rates=(1000, 50, 10), hosts_rounds=2, hosts_cells=3)
+QUICK = dict(FULL, rounds=2, steps=2, rates=(1000, 50, 10), hosts_rounds=1, hosts_cells=3)
 TIMEOUT_S = 540
 # The per-GPU step for the scaling table. No GPU run of this repository has measured one
 # (README "GPU status"), so it is ASSUMED: ResNet-18 (CIFAR) is 0.56 GMAC per image, about

@@ -43,20 +43,9 @@ def ring_share(hosts: int) -> float:
 
 
 def _terms(rows) -> np.ndarray:
-    """Per row: wire seconds at beta 1, messages, messages x delay (s)."""
-    return np.array([[line_time(r["bytes_per_step"], r["rate_mbit"]), r["messages"],
-                      r["messages"] * (r["delay_ms"] or 0.0) / 1e3] for r in rows])
-
-
-def _floors(rows, hooks, rest, wire) -> dict:
-    """Each hook's floor: the mean of what latency leaves of comm (`rest`) in its rows the wire
-    cannot explain (above FLOOR_MARGIN times the wire time); none when the wire explains all."""
-    floors = {}
-    for h in hooks:
-        idx = [i for i, r in enumerate(rows) if r["hook"] == h]
-        bound = rest[idx] > FLOOR_MARGIN * wire[idx]
-        floors[h] = float(np.mean(rest[idx][bound])) if bound.any() else 0.0
-    return floors
+    """Per row: wire seconds at beta 1, messages, messages of one bucket, delay (s)."""
+    return np.array([[line_time(r["bytes_per_step"], r["rate_mbit"]), r["messages"], r["messages"] / r["buckets"],
+                      (r["delay_ms"] or 0.0) / 1e3] for r in rows])
 
 
 def _solve(terms, target) -> np.ndarray:
@@ -72,18 +61,33 @@ def _solve(terms, target) -> np.ndarray:
     return np.zeros(2)
 
 
+def _branches(terms, floor, beta: float, coef) -> tuple:
+    """Both bounds of comm for each row, and which one holds (True: the CPU's)."""
+    latency = coef[0] + coef[1] * terms[:, 3]
+    cpu = floor + terms[:, 1] * latency
+    wire = beta * terms[:, 0] + terms[:, 2] * latency
+    return cpu, wire, cpu >= wire
+
+
 def _fit_at(rows, hooks, terms, comm, beta: float) -> tuple:
-    """For one beta: floors and (alpha, kappa), alternately, until they settle; the squared error."""
-    wire = beta * terms[:, 0]
-    coef = np.zeros(2)
+    """For one beta: floors and (alpha, kappa), alternately, until they settle; the squared error.
+    A row bound by the CPU waits every message's latency; one bound by the wire one bucket's."""
+    coef, hook = np.zeros(2), np.array([r["hook"] for r in rows])
+    on_cpu = comm > FLOOR_MARGIN * beta * terms[:, 0]
     for _ in range(ROUNDS):
-        floors = _floors(rows, hooks, comm - terms[:, 1:] @ coef, wire)
-        base = np.array([max(floors[r["hook"]], wire[i]) for i, r in enumerate(rows)])
-        settled, coef = coef, _solve(terms[:, 1:], comm - base)
-        if np.allclose(settled, coef, rtol=1e-6, atol=1e-9):
+        rest = comm - terms[:, 1] * (coef[0] + coef[1] * terms[:, 3])
+        floors = {h: float(np.mean(rest[on_cpu & (hook == h)])) if (on_cpu & (hook == h)).any() else 0.0
+                  for h in hooks}
+        floor = np.array([floors[h] for h in hook])
+        count = np.where(on_cpu, terms[:, 1], terms[:, 2])  # messages whose latency the row waits
+        target = comm - np.where(on_cpu, floor, beta * terms[:, 0])
+        settled, coef = coef, _solve(np.c_[count, count * terms[:, 3]], target)
+        now = _branches(terms, floor, beta, coef)[2]
+        if np.allclose(settled, coef, rtol=1e-6, atol=1e-9) and (now == on_cpu).all():
             break
-    error = float(np.sum((base + terms[:, 1:] @ coef - comm) ** 2))
-    return error, coef, floors
+        on_cpu = now
+    cpu, wire, _ = _branches(terms, floor, beta, coef)
+    return float(np.sum((np.maximum(cpu, wire) - comm) ** 2)), coef, floors
 
 
 def fit(rows) -> dict:
@@ -107,16 +111,19 @@ def _hook_medians(mine: list) -> dict:
 
 
 def predict_comm(params: dict, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
-                 delay_ms: float) -> float:
-    return (max(floor, params["beta"] * line_time(wire_bytes, rate_mbit))
-            + messages * (params["alpha_s"] + params["kappa"] * delay_ms / 1e3))
+                 delay_ms: float, buckets: float) -> float:
+    """The CPU's bound waits every message's latency; the wire's only one bucket's (while a
+    message waits, the next bucket's bytes keep the link busy)."""
+    latency = params["alpha_s"] + params["kappa"] * delay_ms / 1e3
+    return max(floor + messages * latency,
+               params["beta"] * line_time(wire_bytes, rate_mbit) + messages / buckets * latency)
 
 
 def predict_step(params: dict, hook: str, row: dict) -> float:
     """A row's step from the fit: its hook's compute, window and floor; the row's own link."""
     h = params["hooks"][hook]
     comm = predict_comm(params, h["floor_s"], row.get("bytes_per_step", h["bytes_per_step"]), row["rate_mbit"],
-                        row["messages"], row["delay_ms"] or 0.0)
+                        row["messages"], row["delay_ms"] or 0.0, row.get("buckets", h["buckets"]))
     return h["compute_s"] + max(0.0, comm - h["window_s"])
 
 
@@ -148,7 +155,7 @@ def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
         wire = h["bytes_per_step"] * ring_share(hosts) / ring_share(2)
         messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
         floor = b["comm_s"] - messages * params["alpha_s"]  # the calibration cell's comm, less its latency
-        comm = predict_comm(params, floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0)
+        comm = predict_comm(params, floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0, h["buckets"])
         predicted = b["compute_s"] + max(0.0, comm - b["window_s"])
         per_row.append({"hook": r["hook"], "cell": list(cell(r)), "wire_bytes_predicted": wire,
                         "wire_bytes_measured": r["bytes_per_step"], **_error(predicted, r["step_s"])})

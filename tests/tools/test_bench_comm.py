@@ -41,7 +41,7 @@ def synthetic_rows(params=TRUE, rates=RATES, delays=DELAYS, hosts=2, cells=None)
             row = {"hosts": hosts, "rate_mbit": rate, "delay_requested_ms": delay, "delay_ms": delay, "hook": hook,
                    "bytes_per_step": h["bytes_per_step"] * ring_share(hosts), "messages": messages,
                    "buckets": h["buckets"], "collectives_per_bucket": h["collectives_per_bucket"]}
-            comm_s = predict_comm(params, h["floor_s"], row["bytes_per_step"], rate, messages, delay)
+            comm_s = predict_comm(params, h["floor_s"], row["bytes_per_step"], rate, messages, delay, h["buckets"])
             step = predict_step(params, hook, row)
             rows.append({**row, "step_s": step, "comm_s": comm_s, "compute_s": h["compute_s"],
                          "exposed_comm_s": step - h["compute_s"], "window_s": h["window_s"],
