@@ -52,7 +52,7 @@ TIMEOUT_S = 540
 ASSUMED_GPU_EPOCH_S = 10.0
 GPU_STEPS_PER_EPOCH = 45000 // 256
 # A real rack's one-way host-to-host latency over TCP, ASSUMED (20 us, two switch ports of 10):
-# the fitted kappa says how many port delays each message waits, alpha what it costs beside them.
+# each hook's fitted kappa says how many port delays a message waits, alpha what it costs beside them.
 PORT_LATENCY_US = 10
 
 
@@ -244,15 +244,16 @@ def modelled(rows: list, size: dict, mine: dict, gpu_epoch_s) -> dict:
     if params:
         params["hooks"]["allreduce"]["payload_bytes"] = mine["allreduce"]["payload_bytes"]
         gpu_step = (gpu_epoch_s or ASSUMED_GPU_EPOCH_S) / GPU_STEPS_PER_EPOCH
-        latency = params["alpha_s"] + params["kappa"] * PORT_LATENCY_US * 1e-6
-        prediction = scaling(params, payloads("resnet18", size["powersgd_rank"], 25.0), gpu_step, latency)
+        prediction = scaling(params, payloads("resnet18", size["powersgd_rank"], 25.0), gpu_step,
+                             PORT_LATENCY_US * 1e-6)
         prediction["assumptions"] = assumptions(gpu_epoch_s, gpu_step, params)
     return {"formula": FORMULA, "held_out": list(held_out), "error": error, "fit_all_cells": params,
             "checks": checks, "hosts_prediction": hosts, "scaling": prediction}
 
 
-FORMULA = ("step = compute + max(0, max(floor, beta * wire_bytes * 8 / rate + messages * (alpha + kappa * delay))"
-           " - window); messages = 2(n-1) * buckets * collectives per bucket")
+FORMULA = ("step = compute + max(0, comm - window); comm = max(floor[hook] + messages * L, beta * wire_bytes * 8 "
+           "/ rate + messages / buckets * L); L = alpha + kappa[hook] * delay; messages = 2(n-1) * buckets * "
+           "collectives per bucket")
 TIMING = ("in-process perf_counter timings of the ranges a profiled run marks (batch, backward, allreduce b{k}), "
           "reduced by handler/profiling/comm.py's comm_stats, per step; medians over the timed steps")
 
@@ -264,9 +265,10 @@ def assumptions(measured_epoch_s, step_s: float, params: dict) -> list:
     return [f"per-GPU step {step_s * 1e3:.0f} ms = {epoch} / {GPU_STEPS_PER_EPOCH} steps of 256 images",
             "weak scaling: every GPU keeps 256 images per step; one GPU per node; ring all-reduce, "
             "2(n-1)/n of the payload per GPU",
-            f"latency per ring message = alpha {params['alpha_s'] * 1e6:.0f} us + kappa {params['kappa']:.2f} x "
-            f"{PORT_LATENCY_US} us per switch port: alpha and kappa FITTED here (gloo over TCP), the port latency "
-            "ASSUMED (a rack's 20 us one way)",
+            f"latency per ring message = alpha {params['alpha_s'] * 1e6:.0f} us + the hook's kappa ("
+            + ", ".join(f"{h} {v['kappa']:.2f}" for h, v in params["hooks"].items())
+            + f") x {PORT_LATENCY_US} us per switch port: alpha and kappa FITTED here (gloo over TCP), the port "
+            "latency ASSUMED (a rack's 20 us one way)",
             "overlap window: the share of the step it had in the fitted rows (resnet20 on CPU)",
             "link efficiency beta and wire overhead as fitted on the shaped veth (TCP); compression "
             "compute on the GPU left out (unmeasured)"]
@@ -286,7 +288,8 @@ def report(results: dict) -> str:
     fitted = model["fit_all_cells"]
     if fitted:
         lines.append(f"fit on every 2-host cell: beta {fitted['beta']:.3f}, alpha {fitted['alpha_s'] * 1e6:.0f} us "
-                     f"per message, kappa {fitted['kappa']:.3f} (one-way delays per message)")
+                     "per message, kappa (port delays each message waits) "
+                     + ", ".join(f"{h} {v['kappa']:.2f}" for h, v in fitted["hooks"].items()))
     for c in model["checks"]:
         lines.append(f"fitted without {c['held_out'][0]:g} Mbit/s {c['held_out'][1]:g} ms, predicting it: "
                      + ", ".join(f"{h} {e['predicted_s']:.3f} s vs {e['measured_s']:.3f} s ({100 * e['error']:.0f} %)"

@@ -2,20 +2,21 @@
 (rate, delay) cell and on more hosts, then used to predict DDP's scaling on real clusters.
 
     step = compute + max(0, comm - window)
-    comm = max(floor[hook], beta * wire_bytes * 8 / rate) + messages * (alpha + kappa * delay)
-    messages = 2 (n - 1) * buckets * collectives per bucket   (ring all-reduce over n hosts)
+    comm = max(floor[hook] + messages * L, beta * wire_bytes * 8 / rate + messages / buckets * L)
+    L = alpha + kappa[hook] * delay         messages = 2 (n - 1) * buckets * collectives per bucket
 
 compute (step minus exposed comm) and window (backward compute between the first and the
 last bucket launch: what comm can hide behind) are each hook's medians over the fitted rows.
 The exchange is bound by the wire (beta: link efficiency, 1 when the shaped rate is fully
 used) or, on a fast link, by the CPU's part of it (copies, compression, contention with
-backward: each hook's floor, which overlaps the wire). Waiting adds to either: each
-sequential message costs alpha (no delay added) plus kappa times the delay of one switch
-port (every host's link is delayed alike, so a message host to host crosses two ports:
-kappa 2 when a message is one crossing, 4 when it is a round trip). beta, alpha and kappa
-are one for all hooks; at a fixed host count alpha cannot be told apart from the floors
-(each hook's messages are fixed), so the fit keeps it only where the floors leave a need
-for it (docs/COMM.md).
+backward: each hook's floor). Latency L is what a message waits: alpha with no delay added,
+plus kappa times the delay of one switch port (every host's link is delayed alike, so a
+message host to host crosses two ports: kappa 2 when a message waits one crossing, 4 when
+it waits a round trip; less when a hook's buckets wait side by side). A CPU-bound exchange
+waits every message in turn, a wire-bound one only one bucket's: meanwhile the next
+bucket's bytes keep the link busy. beta and alpha are one for all hooks, kappa one per hook;
+at a fixed host count alpha cannot be told apart from the floors (each hook's messages are
+fixed), so the fit keeps it only where the floors leave a need for it (docs/COMM.md).
 """
 import math
 
@@ -49,44 +50,48 @@ def _terms(rows) -> np.ndarray:
 
 
 def _solve(terms, target) -> np.ndarray:
-    """alpha, kappa >= 0: least squares (a negative one is dropped and the other refitted)."""
-    keep = [0, 1]
+    """Non-negative least squares by dropping: a negative coefficient is set to 0, the rest refitted."""
+    keep = list(range(terms.shape[1]))
+    coef = np.zeros(terms.shape[1])
     while keep:
         solved, *_ = np.linalg.lstsq(terms[:, keep], target, rcond=None)
         if (solved >= 0).all():
-            coef = np.zeros(2)
             coef[keep] = solved
             return coef
         keep = [k for k, v in zip(keep, solved) if v >= 0]
-    return np.zeros(2)
+    return coef
 
 
-def _branches(terms, floor, beta: float, coef) -> tuple:
-    """Both bounds of comm for each row, and which one holds (True: the CPU's)."""
-    latency = coef[0] + coef[1] * terms[:, 3]
+def _branches(terms, floor, beta: float, alpha: float, kappa) -> tuple:
+    """Both bounds of comm for each row (kappa: each row's hook's), and which holds (True: the CPU's)."""
+    latency = alpha + kappa * terms[:, 3]
     cpu = floor + terms[:, 1] * latency
     wire = beta * terms[:, 0] + terms[:, 2] * latency
     return cpu, wire, cpu >= wire
 
 
 def _fit_at(rows, hooks, terms, comm, beta: float) -> tuple:
-    """For one beta: floors and (alpha, kappa), alternately, until they settle; the squared error.
-    A row bound by the CPU waits every message's latency; one bound by the wire one bucket's."""
-    coef, hook = np.zeros(2), np.array([r["hook"] for r in rows])
+    """For one beta: floors, alpha and each hook's kappa, alternately, until they settle; the
+    squared error. A row bound by the CPU waits every message's latency; one bound by the wire
+    one bucket's."""
+    hook = np.array([r["hook"] for r in rows])
+    onehot = np.array([[h == k for k in hooks] for h in hook], float)
+    coef = np.zeros(1 + len(hooks))
     on_cpu = comm > FLOOR_MARGIN * beta * terms[:, 0]
     for _ in range(ROUNDS):
-        rest = comm - terms[:, 1] * (coef[0] + coef[1] * terms[:, 3])
+        kappa = onehot @ coef[1:]
+        rest = comm - terms[:, 1] * (coef[0] + kappa * terms[:, 3])
         floors = {h: float(np.mean(rest[on_cpu & (hook == h)])) if (on_cpu & (hook == h)).any() else 0.0
                   for h in hooks}
         floor = np.array([floors[h] for h in hook])
         count = np.where(on_cpu, terms[:, 1], terms[:, 2])  # messages whose latency the row waits
         target = comm - np.where(on_cpu, floor, beta * terms[:, 0])
-        settled, coef = coef, _solve(np.c_[count, count * terms[:, 3]], target)
-        now = _branches(terms, floor, beta, coef)[2]
+        settled, coef = coef, _solve(np.c_[count, (count * terms[:, 3])[:, None] * onehot], target)
+        now = _branches(terms, floor, beta, coef[0], onehot @ coef[1:])[2]
         if np.allclose(settled, coef, rtol=1e-6, atol=1e-9) and (now == on_cpu).all():
             break
         on_cpu = now
-    cpu, wire, _ = _branches(terms, floor, beta, coef)
+    cpu, wire, _ = _branches(terms, floor, beta, coef[0], onehot @ coef[1:])
     return float(np.sum((np.maximum(cpu, wire) - comm) ** 2)), coef, floors
 
 
@@ -97,9 +102,9 @@ def fit(rows) -> dict:
     best = min((_fit_at(rows, hooks, terms, comm, float(beta)) + (float(beta),) for beta in BETAS),
                key=lambda found: found[0])
     _, coef, floors, beta = best
-    params.update(beta=beta, alpha_s=float(coef[0]), kappa=float(coef[1]))
-    for h in hooks:
-        params["hooks"][h]["floor_s"] = floors[h]
+    params.update(beta=beta, alpha_s=float(coef[0]))
+    for k, h in enumerate(hooks):
+        params["hooks"][h].update(floor_s=floors[h], kappa=float(coef[1 + k]))
     return params
 
 
@@ -110,11 +115,11 @@ def _hook_medians(mine: list) -> dict:
             "collectives_per_bucket": mine[0]["collectives_per_bucket"]}
 
 
-def predict_comm(params: dict, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
+def predict_comm(params: dict, hook: str, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
                  delay_ms: float, buckets: float) -> float:
     """The CPU's bound waits every message's latency; the wire's only one bucket's (while a
     message waits, the next bucket's bytes keep the link busy)."""
-    latency = params["alpha_s"] + params["kappa"] * delay_ms / 1e3
+    latency = params["alpha_s"] + params["hooks"][hook]["kappa"] * delay_ms / 1e3
     return max(floor + messages * latency,
                params["beta"] * line_time(wire_bytes, rate_mbit) + messages / buckets * latency)
 
@@ -122,7 +127,7 @@ def predict_comm(params: dict, floor: float, wire_bytes: float, rate_mbit: float
 def predict_step(params: dict, hook: str, row: dict) -> float:
     """A row's step from the fit: its hook's compute, window and floor; the row's own link."""
     h = params["hooks"][hook]
-    comm = predict_comm(params, h["floor_s"], row.get("bytes_per_step", h["bytes_per_step"]), row["rate_mbit"],
+    comm = predict_comm(params, hook, h["floor_s"], row.get("bytes_per_step", h["bytes_per_step"]), row["rate_mbit"],
                         row["messages"], row["delay_ms"] or 0.0, row.get("buckets", h["buckets"]))
     return h["compute_s"] + max(0.0, comm - h["window_s"])
 
@@ -155,7 +160,7 @@ def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
         wire = h["bytes_per_step"] * ring_share(hosts) / ring_share(2)
         messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
         floor = b["comm_s"] - messages * params["alpha_s"]  # the calibration cell's comm, less its latency
-        comm = predict_comm(params, floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0, h["buckets"])
+        comm = predict_comm(params, r["hook"], floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0, h["buckets"])
         predicted = b["compute_s"] + max(0.0, comm - b["window_s"])
         per_row.append({"hook": r["hook"], "cell": list(cell(r)), "wire_bytes_predicted": wire,
                         "wire_bytes_measured": r["bytes_per_step"], **_error(predicted, r["step_s"])})
@@ -167,11 +172,13 @@ def cell(row: dict) -> tuple:
     return (row["rate_mbit"], row["delay_requested_ms"])
 
 
-def scaling(params: dict, hooks: dict, gpu_step_s: float, latency_s: float, nodes=NODES, gbits=GBITS) -> dict:
+def scaling(params: dict, hooks: dict, gpu_step_s: float, port_latency_s: float, nodes=NODES, gbits=GBITS) -> dict:
     """Predicted weak-scaling efficiency (each GPU keeps its batch) of a model with each hook.
 
     hooks: name -> {"payload_bytes", "buckets", "collectives_per_bucket"}. A ring all-reduce sends
-    2(n-1)/n of the payload per GPU in 2(n-1) latency-bound steps per collective. The overlap
+    2(n-1)/n of the payload per GPU in 2(n-1) latency-bound steps per collective; as in the fit,
+    a wire-bound exchange waits one bucket's latency, a latency-bound one every message's. Each
+    message's latency: the fitted alpha plus the hook's fitted kappa times `port_latency_s`. The overlap
     window keeps the share of the step it has in the fitted rows (allreduce's); the CPU floors
     are left out (a GPU's copies and compression are not this CPU's), and said so.
     """
@@ -180,15 +187,18 @@ def scaling(params: dict, hooks: dict, gpu_step_s: float, latency_s: float, node
     window = share * gpu_step_s
     overhead = plain["bytes_per_step"] / plain["payload_bytes"] if plain.get("payload_bytes") else 1.0
     table = {}
+    latency = {hook: params["alpha_s"] + params["hooks"][hook]["kappa"] * port_latency_s for hook in hooks}
     for hook, h in hooks.items():
         table[hook] = {}
+        latency_s = latency[hook]
         for n in nodes:
             for g in gbits:
                 sent = ring_share(n) * h["payload_bytes"] * overhead
-                comm = (params["beta"] * line_time(sent, g * 1000)
-                        + ring_messages(n, h["buckets"], h["collectives_per_bucket"]) * latency_s)
+                messages = ring_messages(n, h["buckets"], h["collectives_per_bucket"])
+                comm = max(messages * latency_s,  # no CPU floor: a GPU's copies are not this CPU's
+                           params["beta"] * line_time(sent, g * 1000) + messages / h["buckets"] * latency_s)
                 table[hook][f"{n}x{g}"] = gpu_step_s / (gpu_step_s + max(0.0, comm - window))
-    return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "latency_s": latency_s,
+    return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "latency_s": latency,
             "nodes": list(nodes), "gbits": list(gbits)}
 
 
