@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT, check_target, context, emit, parser, table
 from bench.comm_model import check, fit, predict_hosts, ring_messages, scaling
@@ -41,9 +42,9 @@ from handler.runtime.errors import UserError, one_line_errors
 CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "cluster.sh")
 SHAPED = "every host's link, both directions, alike"  # so each ring hop costs the same: the ring formula's case
 PORT = 29400  # inside the cluster's namespaces nothing else listens
-FULL = dict(model="resnet20", batch=16, warmup=3, rounds=4, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
+FULL: dict[str, Any] = dict(model="resnet20", batch=16, warmup=3, rounds=4, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
             rates=(1000, 200, 50, 10), delays=(0, 1, 5), held_out=(50, 1), hosts=4, hosts_rounds=3, hosts_cells=4)
-QUICK = dict(FULL, rounds=2, steps=2, rates=(1000, 50, 10), hosts_rounds=1, hosts_cells=3)
+QUICK: dict[str, Any] = dict(FULL, rounds=2, steps=2, rates=(1000, 50, 10), hosts_rounds=1, hosts_cells=3)
 TIMEOUT_S = 540
 # The per-GPU step for the scaling table. No GPU run of this repository has measured one
 # (README "GPU status"), so it is ASSUMED: ResNet-18 (CIFAR) is 0.56 GMAC per image, about
@@ -212,8 +213,8 @@ def main(argv=None) -> dict:
     return emit("comm", results, args, report(results), started)
 
 
-def sized(args) -> dict:
-    size = dict(QUICK if args.quick else FULL)
+def sized(args) -> dict[str, Any]:
+    size: dict[str, Any] = dict(QUICK if args.quick else FULL)
     if args.rates:
         size["rates"] = tuple(float(r) for r in args.rates.split(","))
     if args.delays:

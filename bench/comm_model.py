@@ -19,6 +19,7 @@ at a fixed host count alpha cannot be told apart from the floors (each hook's me
 fixed), so the fit keeps it only where the floors leave a need for it (docs/COMM.md).
 """
 import math
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +79,7 @@ def _fit_at(rows, hooks, terms, comm, beta: float) -> tuple:
     onehot = np.array([[h == k for k in hooks] for h in hook], float)
     coef = np.zeros(1 + len(hooks))
     on_cpu = comm > FLOOR_MARGIN * beta * terms[:, 0]
+    floors, floor = {h: 0.0 for h in hooks}, np.zeros(len(rows))
     for _ in range(ROUNDS):
         kappa = onehot @ coef[1:]
         rest = comm - terms[:, 1] * (coef[0] + kappa * terms[:, 3])
@@ -97,7 +99,7 @@ def _fit_at(rows, hooks, terms, comm, beta: float) -> tuple:
 
 def fit(rows) -> dict:
     hooks = sorted({r["hook"] for r in rows})
-    params = {"hooks": {h: _hook_medians([r for r in rows if r["hook"] == h]) for h in hooks}}
+    params: dict[str, Any] = {"hooks": {h: _hook_medians([r for r in rows if r["hook"] == h]) for h in hooks}}
     terms, comm = _terms(rows), np.array([r["comm_s"] for r in rows])
     best = min((_fit_at(rows, hooks, terms, comm, float(beta)) + (float(beta),) for beta in BETAS),
                key=lambda found: found[0])

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -20,7 +21,7 @@ from tests.conftest import ROOT, run_process
 
 # What the synthetic rows obey. alpha 0: at one host count a per-message cost beside the delay
 # hides in the floors (bench/comm_model.py), so only a model without it can be recovered exactly.
-TRUE = {"beta": 1.2, "alpha_s": 0.0, "hooks": {
+TRUE: dict[str, Any] = {"beta": 1.2, "alpha_s": 0.0, "hooks": {
     "allreduce": {"floor_s": 0.10, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 1.1e6, "buckets": 4,
                   "collectives_per_bucket": 1, "kappa": 1.5},
     "fp16": {"floor_s": 0.11, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 0.55e6, "buckets": 4,

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ def net(tmp_path_factory):
         cluster.script("down", timeout=120)
 
 
-def probe(cluster: Cluster, what: str, *options) -> dict:
+def probe(cluster: Cluster, what: str, *options) -> dict[str, Any]:
     proc = cluster.script("exec", "node1", sys.executable, PROBE, what, "node2", *options)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
