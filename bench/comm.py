@@ -140,7 +140,8 @@ def payloads(model_name: str, rank: int, cap_mb: float) -> dict:
 
 
 def targets(rows: list, model_error, hosts_error) -> dict:
-    two = [r for r in rows if r["hosts"] == 2 and not r["delay_requested_ms"]]
+    least = min(r["delay_requested_ms"] for r in rows)  # 0 unless --delays leaves it out
+    two = [r for r in rows if r["hosts"] == 2 and r["delay_requested_ms"] == least]
     slow, fast = min(r["rate_mbit"] for r in two), max(r["rate_mbit"] for r in two)
     at = {(r["rate_mbit"], r["hook"]): r for r in two}
     plain_slow, plain_fast = at[(slow, "allreduce")], at[(fast, "allreduce")]

@@ -178,7 +178,7 @@ def test_compare_plots_step_time_against_link_rate_per_hook(tmp_path):
 def cluster_or_skip():
     script = comm.CLUSTER  # scripts/cluster.sh, or $HARNESS_CLUSTER_SH
     if not script.is_file():
-        pytest.skip("scripts/cluster.sh is not on this branch yet (issue 18)")
+        pytest.skip("scripts/cluster.sh is not on this branch")
     why = subprocess.run(["bash", str(script), "check"], capture_output=True, text=True)
     if why.returncode:
         if os.environ.get("CI") == "true":
@@ -187,15 +187,19 @@ def cluster_or_skip():
 
 
 @pytest.mark.cluster
-def test_a_short_run_across_two_shaped_hosts_measures_every_hook(tmp_path):
+def test_a_short_run_across_two_shaped_and_delayed_hosts_measures_every_hook(tmp_path):
     cluster_or_skip()
     out = tmp_path / "comm.json"
-    proc = run_process([sys.executable, "-m", "bench.comm", "--rates", "1000", "--rounds", "1", "--steps", "2",
-                        "--json", out],
+    proc = run_process([sys.executable, "-m", "bench.comm", "--rates", "1000", "--delays", "5", "--hosts", "2",
+                        "--rounds", "1", "--steps", "2", "--json", out],
                        budget=40)  # s, measured at load 10 on 2 cores
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert sorted(r["hook"] for r in rows) == sorted(COMM_HOOKS)
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert sorted(r["hook"] for r in rows) == sorted(COMM_HOOKS) and "note" not in data["env"]
     for r in rows:
-        assert r["rate_mbit"] == 1000 and r["step_s"] > 0 and r["comm_s"] > 0
+        assert r["hosts"] == 2 and r["rate_mbit"] == 1000 and r["step_s"] > 0 and r["comm_s"] > 0
+        assert r["delay_ms"] == 5  # the delay line (or netem) applied what was asked
         assert r["bytes_per_step"] > 0.5 * r["payload_bytes_per_step"]  # the gradients crossed the link
+    powersgd = next(r for r in rows if r["hook"] == "powersgd")
+    assert powersgd["comm_s"] > powersgd["messages"] * 2 * 5e-3  # each message waited at least both ports' delay
