@@ -71,7 +71,11 @@ cmd_up() {
     local started=$EPOCHREALTIME
     banner "Network: switch, head and $n node(s) on $SUBNET.0/24"
     net_up "$n"
-    if ! has_netem; then delay_line_up; fi
+    # without netem, the delay line; a machine that cannot have it still gets a cluster, and shape says so
+    if ! has_netem && ! (delay_line_up); then
+        rm -f "$STATE/run/delay.conf"
+        warn "NO DELAY LINE: shape --delay will apply rates only on this cluster (the line above says why)"
+    fi
     if [ "$net_only" = 0 ]; then
         banner "Slurm"
         install_slurm  # before the clock: a first apt-get install is not set-up

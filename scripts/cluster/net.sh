@@ -218,26 +218,32 @@ delay_set() {  # NAME MS: NAME's port delays MS each way (0: none); returns once
 }
 
 # ---- shaping a host ----------------------------------------------------------
-shape_dev() {  # NS DEV BITS DELAY_MS: netem with rate where the kernel has it, else tbf
+shape_dev() {  # NS DEV BITS DELAY_MS: netem with rate where the kernel has it (and no delay line runs), else tbf
     local ns=$1 dev=$2 bits=$3 delay=$4 burst
     if ! delay_line && in_ns "$ns" tc qdisc replace dev "$dev" root netem delay "${delay}ms" rate "$bits" \
         limit 100000 2>/dev/null; then
+        echo netem
         return
     fi
     burst=$(( bits / 8 / 100 > 16000 ? bits / 8 / 100 : 16000 ))  # 10 ms of traffic, at least 16 kB
     in_ns "$ns" tc qdisc replace dev "$dev" root tbf rate "$bits" burst "$burst" latency 200ms
+    echo tbf
 }
 
 shape() {  # NAME BITS DELAY_MS
-    local how=netem
-    shape_dev "$1" "$IFNAME" "$2" "$3"
-    shape_dev switch "$1" "$2" "$3"
+    local how applied=$3
+    how=$(shape_dev "$1" "$IFNAME" "$2" "$3")
+    shape_dev switch "$1" "$2" "$3" >/dev/null
     if delay_line; then
         delay_set "$1" "$3"
         how="tbf + delay line"
+    elif [ "$how" = tbf ] && [ "$3" != 0 ]; then
+        applied=0
+        warn "$1: rate $2 bit/s applied, but NOT the delay of $3 ms: no netem in this kernel and no delay line" \
+            "(scripts/cluster.sh up said why)"
     fi
-    echo "rate_bit=$2 delay_ms=$3 applied_delay_ms=$3 via=${how// /}" > "$STATE/run/shape-$1"
-    say "$1: both directions shaped to $2 bit/s, delay $3 ms each way ($how)"
+    echo "rate_bit=$2 delay_ms=$3 applied_delay_ms=$applied via=${how// /}" > "$STATE/run/shape-$1"
+    say "$1: both directions shaped to $2 bit/s, delay $applied ms each way ($how)"
 }
 
 shape_summary() {  # NAME -> its recorded shaping, or -
