@@ -1,86 +1,186 @@
-"""bench.comm's step-time model: fitted on measured rows, checked on a held-out rate, then
-used to predict DDP's scaling on real clusters.
+"""bench.comm's step-time model: fitted on measured 2-host rows, checked on a held-out
+(rate, delay) cell and on more hosts, then used to predict DDP's scaling on real clusters.
 
     step = compute + max(0, comm - window)
-    comm = max(floor[hook], beta * wire_bytes * 8 / rate + messages * latency)
+    comm = max(floor[hook] + messages * L, beta * wire_bytes * 8 / rate + messages / buckets * L)
+    L = alpha + kappa[hook] * delay         messages = 2 (n - 1) * buckets * collectives per bucket
 
 compute (step minus exposed comm) and window (backward compute between the first and the
-last bucket launch: what comm can hide behind) are each hook's medians over the fitted
-rows. comm is bandwidth-bound (beta: link efficiency, 1 when the shaped rate is fully
-used) or, on a fast link, bound below by a floor: the CPU's part of the exchange (copies,
-compression) and its contention with backward. The floor is the mean comm of the rows
-the wire cannot explain; beta (one for all hooks) is least squares on the rows' comm.
+last bucket launch: what comm can hide behind) are each hook's medians over the fitted rows.
+The exchange is bound by the wire (beta: link efficiency, 1 when the shaped rate is fully
+used) or, on a fast link, by the CPU's part of it (copies, compression, contention with
+backward: each hook's floor). Latency L is what a message waits: alpha with no delay added,
+plus kappa times the delay of one switch port (every host's link is delayed alike, so a
+message host to host crosses two ports: kappa 2 when a message waits one crossing, 4 when
+it waits a round trip; less when a hook's buckets wait side by side). A CPU-bound exchange
+waits every message in turn, a wire-bound one only one bucket's: meanwhile the next
+bucket's bytes keep the link busy. beta and alpha are one for all hooks, kappa one per hook;
+at a fixed host count alpha cannot be told apart from the floors (each hook's messages are
+fixed), so the fit keeps it only where the floors leave a need for it (docs/COMM.md).
 """
 import math
+from typing import Any
 
 import numpy as np
 
 NODES = (2, 4, 8, 16, 32)
 GBITS = (1, 10, 25, 100)
-BETAS = np.linspace(0.5, 2.0, 1501)
+BETAS = np.linspace(0.5, 2.0, 151)
 FLOOR_MARGIN = 1.25
+ROUNDS = 8  # alternations between the latency's least squares and the floors; they settle in a few
 
 
 def line_time(wire_bytes: float, rate_mbit: float) -> float:
     return wire_bytes * 8 / (rate_mbit * 1e6)
 
 
+def ring_messages(hosts: int, buckets: int, per_bucket: int) -> int:
+    """Sequential messages per step: each collective is 2(n-1) ring steps."""
+    return 2 * (hosts - 1) * buckets * per_bucket
+
+
+def ring_share(hosts: int) -> float:
+    """Each host sends 2(n-1)/n of the payload in a ring all-reduce (nccl-tests' busbw factor)."""
+    return 2 * (hosts - 1) / hosts
+
+
+def _terms(rows) -> np.ndarray:
+    """Per row: wire seconds at beta 1, messages, messages of one bucket, delay (s)."""
+    return np.array([[line_time(r["bytes_per_step"], r["rate_mbit"]), r["messages"], r["messages"] / r["buckets"],
+                      (r["delay_ms"] or 0.0) / 1e3] for r in rows])
+
+
+def _solve(terms, target) -> np.ndarray:
+    """Non-negative least squares by dropping: a negative coefficient is set to 0, the rest refitted."""
+    keep = list(range(terms.shape[1]))
+    coef = np.zeros(terms.shape[1])
+    while keep:
+        solved, *_ = np.linalg.lstsq(terms[:, keep], target, rcond=None)
+        if (solved >= 0).all():
+            coef[keep] = solved
+            return coef
+        keep = [k for k, v in zip(keep, solved) if v >= 0]
+    return coef
+
+
+def _branches(terms, floor, beta: float, alpha: float, kappa) -> tuple:
+    """Both bounds of comm for each row (kappa: each row's hook's), and which holds (True: the CPU's)."""
+    latency = alpha + kappa * terms[:, 3]
+    cpu = floor + terms[:, 1] * latency
+    wire = beta * terms[:, 0] + terms[:, 2] * latency
+    return cpu, wire, cpu >= wire
+
+
+def _fit_at(rows, hooks, terms, comm, beta: float) -> tuple:
+    """For one beta: floors, alpha and each hook's kappa, alternately, until they settle; the
+    squared error. A row bound by the CPU waits every message's latency; one bound by the wire
+    one bucket's."""
+    hook = np.array([r["hook"] for r in rows])
+    onehot = np.array([[h == k for k in hooks] for h in hook], float)
+    coef = np.zeros(1 + len(hooks))
+    on_cpu = comm > FLOOR_MARGIN * beta * terms[:, 0]
+    floors, floor = {h: 0.0 for h in hooks}, np.zeros(len(rows))
+    for _ in range(ROUNDS):
+        kappa = onehot @ coef[1:]
+        rest = comm - terms[:, 1] * (coef[0] + kappa * terms[:, 3])
+        floors = {h: float(np.mean(rest[on_cpu & (hook == h)])) if (on_cpu & (hook == h)).any() else 0.0
+                  for h in hooks}
+        floor = np.array([floors[h] for h in hook])
+        count = np.where(on_cpu, terms[:, 1], terms[:, 2])  # messages whose latency the row waits
+        target = comm - np.where(on_cpu, floor, beta * terms[:, 0])
+        settled, coef = coef, _solve(np.c_[count, (count * terms[:, 3])[:, None] * onehot], target)
+        now = _branches(terms, floor, beta, coef[0], onehot @ coef[1:])[2]
+        if np.allclose(settled, coef, rtol=1e-6, atol=1e-9) and (now == on_cpu).all():
+            break
+        on_cpu = now
+    cpu, wire, _ = _branches(terms, floor, beta, coef[0], onehot @ coef[1:])
+    return float(np.sum((np.maximum(cpu, wire) - comm) ** 2)), coef, floors
+
+
 def fit(rows) -> dict:
     hooks = sorted({r["hook"] for r in rows})
-    params = {"hooks": {h: {"compute_s": _median([r["compute_s"] for r in rows if r["hook"] == h]),
-                            "window_s": _median([r["window_s"] for r in rows if r["hook"] == h]),
-                            "bytes_per_step": _median([r["bytes_per_step"] for r in rows if r["hook"] == h])}
-                        for h in hooks}}
-    best = (math.inf, None, None)
-    for beta in BETAS:  # for each beta, each hook's best floor; keep the beta with the least error
-        total, floors = 0.0, {}
-        for h in hooks:
-            comm = np.array([r["comm_s"] for r in rows if r["hook"] == h])
-            line = beta * np.array([line_time(r["bytes_per_step"], r["rate_mbit"]) for r in rows if r["hook"] == h])
-            floors[h], err = _best_floor(comm, line)
-            total += err
-        if total < best[0]:
-            best = (total, float(beta), floors)
-    params["beta"] = best[1]
-    for h in hooks:
-        params["hooks"][h]["floor_s"] = best[2][h]
+    params: dict[str, Any] = {"hooks": {h: _hook_medians([r for r in rows if r["hook"] == h]) for h in hooks}}
+    terms, comm = _terms(rows), np.array([r["comm_s"] for r in rows])
+    best = min((_fit_at(rows, hooks, terms, comm, float(beta)) + (float(beta),) for beta in BETAS),
+               key=lambda found: found[0])
+    _, coef, floors, beta = best
+    params.update(beta=beta, alpha_s=float(coef[0]))
+    for k, h in enumerate(hooks):
+        params["hooks"][h].update(floor_s=floors[h], kappa=float(coef[1 + k]))
     return params
 
 
-def _best_floor(comm, line) -> tuple:
-    """The floor: the mean comm of the rows the wire cannot explain (comm above FLOOR_MARGIN
-    times their line time); none when every row is bandwidth-bound. Returns (floor, squared error)."""
-    bound = comm > FLOOR_MARGIN * line
-    floor = float(np.mean(comm[bound])) if bound.any() else 0.0
-    return floor, float(np.sum((np.maximum(floor, line) - comm) ** 2))
+def _hook_medians(mine: list) -> dict:
+    return {"compute_s": _median([r["compute_s"] for r in mine]), "window_s": _median([r["window_s"] for r in mine]),
+            "bytes_per_step": _median([r["bytes_per_step"] for r in mine]),
+            "buckets": _median([r["buckets"] for r in mine]),
+            "collectives_per_bucket": mine[0]["collectives_per_bucket"]}
 
 
-def predict_step(params: dict, hook: str, rate_mbit: float, wire_bytes: float = None, latency_s: float = 0.0,
-                 messages: int = 0) -> float:
+def predict_comm(params: dict, hook: str, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
+                 delay_ms: float, buckets: float) -> float:
+    """The CPU's bound waits every message's latency; the wire's only one bucket's (while a
+    message waits, the next bucket's bytes keep the link busy)."""
+    latency = params["alpha_s"] + params["hooks"][hook]["kappa"] * delay_ms / 1e3
+    return max(floor + messages * latency,
+               params["beta"] * line_time(wire_bytes, rate_mbit) + messages / buckets * latency)
+
+
+def predict_step(params: dict, hook: str, row: dict) -> float:
+    """A row's step from the fit: its hook's compute, window and floor; the row's own link."""
     h = params["hooks"][hook]
-    wire = h["bytes_per_step"] if wire_bytes is None else wire_bytes
-    comm = max(h["floor_s"], params["beta"] * line_time(wire, rate_mbit) + messages * latency_s)
+    comm = predict_comm(params, hook, h["floor_s"], row.get("bytes_per_step", h["bytes_per_step"]), row["rate_mbit"],
+                        row["messages"], row["delay_ms"] or 0.0, row.get("buckets", h["buckets"]))
     return h["compute_s"] + max(0.0, comm - h["window_s"])
 
 
-def check(rows, held_out: float) -> dict:
-    """Fit on every rate but `held_out`, predict it: relative step-time error per hook."""
-    params = fit([r for r in rows if r["rate_mbit"] != held_out])
-    errors = {}
-    for r in rows:
-        if r["rate_mbit"] == held_out:
-            predicted = predict_step(params, r["hook"], held_out, r["bytes_per_step"])
-            errors[r["hook"]] = {"measured_s": r["step_s"], "predicted_s": predicted,
-                                 "error": abs(predicted - r["step_s"]) / r["step_s"]}
-    return {"held_out_mbit": held_out, "params": params, "per_hook": errors,
+def _error(predicted: float, measured: float) -> dict:
+    return {"measured_s": measured, "predicted_s": predicted, "error": abs(predicted - measured) / measured}
+
+
+def check(rows, held_out: tuple) -> dict:
+    """Fit on every (rate, delay) cell but `held_out`, predict it: relative step-time error per hook."""
+    params = fit([r for r in rows if cell(r) != held_out])
+    errors = {r["hook"]: _error(predict_step(params, r["hook"], r), r["step_s"]) for r in rows if cell(r) == held_out}
+    return {"held_out": list(held_out), "params": params, "per_hook": errors,
             "worst": max(e["error"] for e in errors.values())}
 
 
-def scaling(params: dict, hooks: dict, gpu_step_s: float, latency_s: float, nodes=NODES, gbits=GBITS) -> dict:
+def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
+    """More hosts from the 2-host fit. Per hook, one measured cell of the new host count (the
+    fast, undelayed `calibration`) gives compute, window and the CPU floor, which the shared CPU
+    of this machine changes with the host count (a real cluster's GPUs would not); the wire
+    (the 2-host bytes times the ring's 2(n-1)/n over 1), the messages (2(n-1) per collective)
+    and beta, alpha, kappa come from the 2-host fit. Every other cell is predicted."""
+    hosts = rows[0]["hosts"]
+    base = {r["hook"]: r for r in rows if cell(r) == calibration}
+    per_row = []
+    for r in rows:
+        if cell(r) == calibration or r["hook"] not in base:
+            continue
+        h, b = params["hooks"][r["hook"]], base[r["hook"]]
+        wire = h["bytes_per_step"] * ring_share(hosts) / ring_share(2)
+        messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
+        floor = b["comm_s"] - messages * params["alpha_s"]  # the calibration cell's comm, less its latency
+        comm = predict_comm(params, r["hook"], floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0, h["buckets"])
+        predicted = b["compute_s"] + max(0.0, comm - b["window_s"])
+        per_row.append({"hook": r["hook"], "cell": list(cell(r)), "wire_bytes_predicted": wire,
+                        "wire_bytes_measured": r["bytes_per_step"], **_error(predicted, r["step_s"])})
+    return {"hosts": hosts, "calibration": list(calibration), "per_row": per_row,
+            "worst": max((e["error"] for e in per_row), default=None)}
+
+
+def cell(row: dict) -> tuple:
+    return (row["rate_mbit"], row["delay_requested_ms"])
+
+
+def scaling(params: dict, hooks: dict, gpu_step_s: float, port_latency_s: float, nodes=NODES, gbits=GBITS) -> dict:
     """Predicted weak-scaling efficiency (each GPU keeps its batch) of a model with each hook.
 
     hooks: name -> {"payload_bytes", "buckets", "collectives_per_bucket"}. A ring all-reduce sends
-    2(n-1)/n of the payload per GPU in 2(n-1) latency-bound steps per collective. The overlap
+    2(n-1)/n of the payload per GPU in 2(n-1) latency-bound steps per collective; as in the fit,
+    a wire-bound exchange waits one bucket's latency, a latency-bound one every message's. Each
+    message's latency: the fitted alpha plus the hook's fitted kappa times `port_latency_s`. The overlap
     window keeps the share of the step it has in the fitted rows (allreduce's); the CPU floors
     are left out (a GPU's copies and compression are not this CPU's), and said so.
     """
@@ -89,16 +189,19 @@ def scaling(params: dict, hooks: dict, gpu_step_s: float, latency_s: float, node
     window = share * gpu_step_s
     overhead = plain["bytes_per_step"] / plain["payload_bytes"] if plain.get("payload_bytes") else 1.0
     table = {}
+    latency = {hook: params["alpha_s"] + params["hooks"][hook]["kappa"] * port_latency_s for hook in hooks}
     for hook, h in hooks.items():
         table[hook] = {}
+        latency_s = latency[hook]
         for n in nodes:
             for g in gbits:
-                sent = 2 * (n - 1) / n * h["payload_bytes"] * overhead
-                comm = (params["beta"] * line_time(sent, g * 1000)
-                        + 2 * (n - 1) * h["buckets"] * h["collectives_per_bucket"] * latency_s)
+                sent = ring_share(n) * h["payload_bytes"] * overhead
+                messages = ring_messages(n, h["buckets"], h["collectives_per_bucket"])
+                comm = max(messages * latency_s,  # no CPU floor: a GPU's copies are not this CPU's
+                           params["beta"] * line_time(sent, g * 1000) + messages / h["buckets"] * latency_s)
                 table[hook][f"{n}x{g}"] = gpu_step_s / (gpu_step_s + max(0.0, comm - window))
-    return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "nodes": list(nodes),
-            "gbits": list(gbits)}
+    return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "latency_s": latency,
+            "nodes": list(nodes), "gbits": list(gbits)}
 
 
 def _median(values):

@@ -1,9 +1,9 @@
 """One rank of bench.comm, run inside a host of scripts/cluster.sh: one DDP model per hook,
-warm-up steps, then rounds over the link rates, timed steps whose comm, overlap and exposed
-comm come from handler/profiling/comm.py, applied to in-process timings of the same ranges a
+warm-up steps, then rounds over the links' (rate, delay) cells, timed steps whose comm, overlap
+and exposed comm come from handler/profiling/comm.py, applied to in-process timings of the same ranges a
 profiled run has (`batch`, `backward`, `allreduce b{k}`; nsys would be slower than the steps).
 
-    python -m bench.comm_worker --rank R --master HOST --port P --hooks H,... --rates R,... ...
+    python -m bench.comm_worker --rank R --world N --master HOST --port P --hooks H,... --cells RATE:DELAY,... ...
 """
 import argparse
 import json
@@ -105,46 +105,54 @@ class Hooked:
 
 
 def shape(cluster: str, rate: float, delay_ms: float) -> float:
-    """Rank 0 reshapes its own host's link with scripts/cluster.sh (the verb works from inside a
-    host); returns the delay the kernel applied."""
-    said = subprocess.run(["bash", cluster, "shape", "node1", "--rate", f"{rate:g}mbit", "--delay", f"{delay_ms:g}ms"],
+    """Rank 0 reshapes every host's link alike with scripts/cluster.sh (the verb works from inside
+    a host); returns the delay applied."""
+    said = subprocess.run(["bash", cluster, "shape", "--rate", f"{rate:g}mbit", "--delay", f"{delay_ms:g}ms"],
                           capture_output=True, text=True, check=True)
     found = re.search(r"delay ([\d.]+) ms each way", said.stdout + said.stderr)
     return float(found.group(1)) if found else math.nan
 
 
-def measure(size: dict, hooks: list, rates: list, rank: int, world: int, cluster: str, delay_ms: float) -> list:
-    """Rounds over the rates (the order rotating), and in each rate's block the hooks step by
-    step, so load that drifts over minutes reaches every rate and hook alike. After each
-    reshaping one untimed step lets TCP settle to the new rate."""
+def measure(size: dict, hooks: list, cells: list, rank: int, world: int, cluster: str) -> list:
+    """Rounds over the (rate, delay) cells (the order rotating), and in each cell's block the
+    hooks step by step, so load that drifts over minutes reaches every cell and hook alike.
+    After each reshaping one untimed step lets TCP settle to the new link."""
     models = {hook: Hooked(hook, size, rank, world) for hook in hooks}
     for m in models.values():
         for _ in range(size["warmup"]):  # DDP rebuilds its buckets; PowerSGD compresses from step 2
             m.step()
-    steps = {(rate, hook): [] for rate in rates for hook in hooks}
+    steps = {(cell, hook): [] for cell in cells for hook in hooks}
     sent = {key: 0 for key in steps}
     applied = {}
     for r in range(size["rounds"]):
-        for rate in rates[r % len(rates):] + rates[:r % len(rates)]:
+        for cell in cells[r % len(cells):] + cells[:r % len(cells)]:
             if rank == 0:
-                applied[rate] = shape(cluster, rate, delay_ms)
+                applied[cell] = shape(cluster, *cell)
             torch.distributed.barrier()
             order = hooks[r % len(hooks):] + hooks[:r % len(hooks)]
             models[order[-1]].step()  # the hooks share one gloo group: one step settles its TCP
             for _ in range(size["steps"]):
                 for hook in order:  # step by step, so load that comes and goes hits every hook
                     before = sent_bytes()
-                    steps[(rate, hook)].append(models[hook].step())
-                    sent[(rate, hook)] += sent_bytes() - before
+                    steps[(cell, hook)].append(models[hook].step())
+                    sent[(cell, hook)] += sent_bytes() - before
             torch.distributed.barrier()
-    rows = []
-    for (rate, hook), timed in steps.items():
-        row = {key: median(s[key] for s in timed) for key in ("step_s", "comm_s", "exposed_comm_s", "window_s")}
-        row["compute_s"] = row["step_s"] - row["exposed_comm_s"]
-        rows.append({"rate_mbit": rate, "delay_ms": applied.get(rate), "hook": hook, **row, "steps": len(timed),
-                     "buckets": timed[-1]["buckets"], "bytes_per_step": sent[(rate, hook)] / len(timed),
-                     "images_per_s": size["batch"] / row["step_s"]})
-    return rows
+    return [row(cell, hook, timed, sent[(cell, hook)], applied.get(cell), world, size["batch"])
+            for (cell, hook), timed in steps.items()]
+
+
+def row(cell: tuple, hook: str, timed: list, sent: int, applied, world: int, batch: int) -> dict:
+    """One (rate, delay, hook) cell's medians over its timed steps."""
+    medians = {key: median(s[key] for s in timed) for key in ("step_s", "comm_s", "exposed_comm_s", "window_s")}
+    medians["compute_s"] = medians["step_s"] - medians["exposed_comm_s"]
+    return {"hosts": world, "rate_mbit": cell[0], "delay_requested_ms": cell[1], "delay_ms": applied, "hook": hook,
+            **medians, "steps": len(timed), "buckets": timed[-1]["buckets"], "bytes_per_step": sent / len(timed),
+            "images_per_s": batch / medians["step_s"]}
+
+
+def cells_arg(text: str) -> list:
+    """"1000:0,50:1" -> [(1000.0, 0.0), (50.0, 1.0)]: Mbit/s and ms of delay each way."""
+    return [tuple(float(v) for v in cell.split(":")) for cell in text.split(",")]
 
 
 def main(argv=None) -> None:
@@ -154,8 +162,8 @@ def main(argv=None) -> None:
     p.add_argument("--master", required=True, help="rank 0's host name or address")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--hooks", required=True, help="comma-separated --comm-hook names")
-    p.add_argument("--rates", required=True, help="comma-separated Mbit/s")
-    p.add_argument("--delay", type=float, required=True, help="ms of delay to ask the link for")
+    p.add_argument("--cells", type=cells_arg, required=True,
+                   help="comma-separated RATE:DELAY, Mbit/s and ms each way for every host's link")
     p.add_argument("--cluster", required=True, help="scripts/cluster.sh, for rank 0 to reshape its link")
     p.add_argument("--size", required=True,
                    help="JSON: model, batch, warmup, rounds, steps, bucket_cap_mb, powersgd_rank")
@@ -163,8 +171,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     initialize_group(args.rank, args.master, args.port, args.world, use_cuda=False, timeout_s=300)
     try:
-        rows = measure(json.loads(args.size), args.hooks.split(","), [float(r) for r in args.rates.split(",")],
-                       args.rank, args.world, args.cluster, args.delay)
+        rows = measure(json.loads(args.size), args.hooks.split(","), args.cells, args.rank, args.world,
+                       args.cluster)
         if args.rank == 0:
             args.out.write_text(json.dumps({"rows": rows, "threads": torch.get_num_threads()}))
     finally:

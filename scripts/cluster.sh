@@ -30,8 +30,10 @@
 # Faults: `partition` drops every frame at the host's switch port (processes live on,
 # unreachable); `kill` cuts the link and SIGKILLs every process of the node (power
 # loss: no FIN/RST leaves it); `heal` restores the link, or boots a killed node and
-# its slurmd. `shape HOST` limits both directions of HOST's link (tbf rate; netem
-# delay where the kernel has netem); without HOST it shapes every node.
+# its slurmd. `shape HOST` limits both directions of HOST's link (tbf rate; delay by
+# netem, or where the kernel has none by the delay line: iptables NFQUEUE in the switch
+# and scripts/cluster/delay.py, recorded in run/delay.pid, fail-open); without HOST it
+# shapes every node.
 # docs/MULTINODE.md ("The local cluster") maps all of this onto a real cluster.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -69,6 +71,11 @@ cmd_up() {
     local started=$EPOCHREALTIME
     banner "Network: switch, head and $n node(s) on $SUBNET.0/24"
     net_up "$n"
+    # without netem, the delay line; a machine that cannot have it still gets a cluster, and shape says so
+    if ! has_netem && ! (delay_line_up); then
+        rm -f "$STATE/run/delay.conf"
+        warn "NO DELAY LINE: shape --delay will apply rates only on this cluster (the line above says why)"
+    fi
     if [ "$net_only" = 0 ]; then
         banner "Slurm"
         install_slurm  # before the clock: a first apt-get install is not set-up
@@ -86,6 +93,7 @@ teardown() {  # [quiet]: end every recorded daemon, then every process of every 
     local name
     [ -d "$STATE/run" ] || { [ "${1:-}" = quiet ] || say "nothing to end: no cluster in $STATE"; return 0; }
     slurm_down
+    stop_recorded delay
     for name in $(nodes) head switch; do
         if [ -f "$STATE/run/holder-$name.pid" ]; then
             [ "${1:-}" = quiet ] || say "ending $name ($(node_members "$name" | wc -l) process(es))"
@@ -133,6 +141,13 @@ cmd_status() {
             "$(holder "$name" || echo -)" "$((procs > 0 ? procs - 1 : 0))" \
             "$(shape_summary "$name")"
     done
+    if delay_line; then
+        if delay_alive; then
+            say "delay line: pid $(recorded_pid delay), NFQUEUE $DELAY_QUEUE; delays (ms each way): $(tr '\n' ' ' < "$STATE/run/delay.conf")"
+        else
+            delay_dead_warning
+        fi
+    fi
     if slurm_mode && holder head >/dev/null; then
         banner "Slurm"
         slurm_status
@@ -179,6 +194,7 @@ cmd_fault() {  # partition|heal|kill HOST
             power_off "$2"
             unplug "$2"
             rm -f "$STATE/run/slurmd-$2.pid" "$STATE/run/shape-$2"
+            if delay_line; then delay_set "$2" 0; fi  # its shaping went with its link
             say "$2 powered off: $((count - 1)) process(es) SIGKILLed, link gone; heal $2 boots it" ;;
     esac
 }

@@ -137,11 +137,13 @@ def _gpu_metrics(rows):
 
 
 def comm_rates(bench: dict):
-    """bench.comm: median step time (solid) and exposed comm (dashed) against link rate, per hook."""
+    """bench.comm: median step time (solid) and exposed comm (dashed) against link rate, per hook;
+    the 2-host rows with no delay added (older results have neither field: all of theirs)."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    hooks = list(dict.fromkeys(r["hook"] for r in bench["rows"]))
+    rows = [r for r in bench["rows"] if r.get("hosts", 2) == 2 and not r.get("delay_requested_ms")]
+    hooks = list(dict.fromkeys(r["hook"] for r in rows))
     for i, hook in enumerate(hooks):
-        mine = sorted((r for r in bench["rows"] if r["hook"] == hook), key=lambda r: r["rate_mbit"])
+        mine = sorted((r for r in rows if r["hook"] == hook), key=lambda r: r["rate_mbit"])
         rates = [r["rate_mbit"] for r in mine]
         ax.plot(rates, [r["step_s"] for r in mine], "o-", color=f"C{i}", label=f"{hook} step")
         if all("exposed_comm_s" in r for r in mine):
@@ -153,6 +155,6 @@ def comm_rates(bench: dict):
     ax.set_xlabel("link rate (Mbit/s)")
     ax.set_ylabel("seconds per step")
     ax.set_title(f"Step time against link rate: {env.get('model', '?')}, global batch {env.get('batch', '?')}, "
-                 f"2 hosts (bench.comm)", fontsize=10)
+                 f"2 hosts, no delay added (bench.comm)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig

@@ -114,11 +114,16 @@ require_host() {  # NAME: one of head, node1..N
 }
 
 # =============================================================================
-# Shaping: the same limits on both directions of a host's link, as egress limits on
-# $IFNAME inside the host (host -> switch) and on its switch port (switch -> host).
-# Rate needs tbf; delay needs netem, which some kernels lack: then the rate is still
-# applied, the missing delay is said loudly and recorded in run/shape-NAME.
+# Shaping: the same limits on both directions of a host's link. The rate is a tbf
+# egress limit on $IFNAME inside the host (host -> switch) and on its switch port
+# (switch -> host). The delay is netem's where the kernel has netem (same places);
+# without netem it is the delay line: iptables in the switch hands every frame crossing
+# a delayed port to NFQUEUE, and scripts/cluster/delay.py accepts it once the delays of
+# its ports have passed (docs/MULTINODE.md, "Latency without netem").
 # =============================================================================
+DELAY_QUEUE=0       # NFQUEUE number in the switch's namespace (each cluster's switch has its own)
+DELAY_CHAIN=CLUSTER_DELAY
+
 rate_bits() {  # 50mbit | 1gbit | 500kbit | 50 (Mbit/s) -> bits per second
     local v=${1,,} n unit
     [[ $v =~ ^([0-9]+(\.[0-9]+)?)([kmg]?)(bit)?$ ]] || EXIT_CODE=2 die "--rate $1: use e.g. 50mbit, 1gbit, 500kbit"
@@ -132,28 +137,113 @@ delay_ms() {  # 0.5ms | 2 (ms) -> milliseconds
     echo "${BASH_REMATCH[1]}"
 }
 
-shape_dev() {  # NS DEV BITS DELAY_MS -> the delay actually applied
+has_netem() {  # does this kernel have netem? Asked once, on the switch's loopback, at `up`
+    if in_ns switch tc qdisc add dev lo root netem delay 1ms 2>/dev/null; then
+        in_ns switch tc qdisc del dev lo root
+        return 0
+    fi
+    return 1
+}
+
+# ---- the delay line (kernels without netem) ---------------------------------
+install_iptables() {
+    command -v iptables >/dev/null && return 0
+    say "installing iptables with apt-get (first use only: the delay line needs it, this kernel has no netem)"
+    local apt=(apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=300 iptables)
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" >>"$STATE/log/apt.log" 2>&1 \
+        || { apt-get update >>"$STATE/log/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" >>"$STATE/log/apt.log" 2>&1; } \
+        || die "apt-get could not install iptables; see $STATE/log/apt.log"
+}
+
+delay_python() {  # the delay line needs only the standard library
+    if [ -x "$REPO/.venv/bin/python" ]; then echo "$REPO/.venv/bin/python"; else command -v python3; fi
+}
+
+delay_line_up() {  # at `up` without netem: bridged frames through iptables, the program waiting
+    install_iptables
+    # built into this kind of kernel; per namespace: only this switch's frames see iptables
+    in_ns switch sysctl -qw net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1 \
+        || die "the switch cannot pass bridged frames through iptables (no br_netfilter): no delay without netem"
+    in_ns switch iptables -w -N "$DELAY_CHAIN"
+    in_ns switch iptables -w -A FORWARD -j "$DELAY_CHAIN"
+    : > "$STATE/run/delay.conf"
+    delay_start
+    say "no netem in this kernel: delays go through the delay line (NFQUEUE $DELAY_QUEUE, pid $(recorded_pid delay))"
+}
+
+delay_start() {  # the program, recorded as run/delay.pid; returns once it has read its config
+    local i
+    rm -f "$STATE/run/delay.ack" "$STATE/run/delay.pid"
+    start_daemon delay switch "$(delay_python)" "$REPO/scripts/cluster/delay.py" --queue "$DELAY_QUEUE" \
+        --config "$STATE/run/delay.conf" --ack "$STATE/run/delay.ack"
+    for ((i = 0; i < 200; i++)); do [ -f "$STATE/run/delay.ack" ] && return 0; delay_alive || break; sleep 0.05; done
+    die "the delay line did not start: $(tail -n 2 "$STATE/log/delay.out" | tr '\n' ' ')"
+}
+
+delay_line() { [ -f "$STATE/run/delay.conf" ]; }     # is this cluster using the delay line?
+delay_alive() {  # a dead program may linger as a zombie until init reaps it: that is dead too
+    local pid
+    pid=$(recorded_pid delay) && [ "$(awk '{sub(/.*\) /, ""); print $1}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
+}
+
+delay_dead_warning() {  # loud, and said wherever the links are looked at
+    warn "THE DELAY LINE IS NOT RUNNING (recorded in $STATE/run/delay.pid; log $STATE/log/delay.out):" \
+        "delayed links pass frames UNDELAYED (fail-open); scripts/cluster.sh shape restarts it"
+}
+
+delay_set() {  # NAME MS: NAME's port delays MS each way (0: none); returns once the program applied it
+    local conf=$STATE/run/delay.conf old port dir i
+    { grep -v "^$1 " "$conf" || true; [ "$2" = 0 ] || echo "$1 $2"; } > "$conf.new"
+    mv "$conf.new" "$conf"
+    # the new rules go in before the old ones go out: no frame of a delayed port slips past
+    old=$(in_ns switch iptables -w -S "$DELAY_CHAIN" | grep -c -- '^-A' || true)
+    for port in $(cut -d' ' -f1 "$conf"); do
+        for dir in in out; do
+            in_ns switch iptables -w -A "$DELAY_CHAIN" -m physdev "--physdev-$dir" "$port" \
+                -j NFQUEUE --queue-num "$DELAY_QUEUE" --queue-bypass
+        done
+    done
+    for ((i = 0; i < old; i++)); do in_ns switch iptables -w -D "$DELAY_CHAIN" 1; done
+    kill -HUP "$(recorded_pid delay)" 2>/dev/null || true
+    for ((i = 0; i < 200; i++)); do
+        if ! delay_alive; then  # died before or while it read: a new one reads the config at start
+            delay_dead_warning
+            say "restarting the delay line"
+            delay_start
+        fi
+        cmp -s "$conf" "$STATE/run/delay.ack" && delay_alive && return 0
+        sleep 0.05
+    done
+    die "the delay line did not take the new delays in 10 s (log: $STATE/log/delay.out)"
+}
+
+# ---- shaping a host ----------------------------------------------------------
+shape_dev() {  # NS DEV BITS DELAY_MS: netem with rate where the kernel has it (and no delay line runs), else tbf
     local ns=$1 dev=$2 bits=$3 delay=$4 burst
-    burst=$(( bits / 8 / 100 > 16000 ? bits / 8 / 100 : 16000 ))  # 10 ms of traffic, at least 16 kB
-    if [ "$delay" != 0 ] && in_ns "$ns" tc qdisc replace dev "$dev" root netem delay "${delay}ms" rate "$bits" \
+    if ! delay_line && in_ns "$ns" tc qdisc replace dev "$dev" root netem delay "${delay}ms" rate "$bits" \
         limit 100000 2>/dev/null; then
-        echo "$delay"
+        echo netem
         return
     fi
+    burst=$(( bits / 8 / 100 > 16000 ? bits / 8 / 100 : 16000 ))  # 10 ms of traffic, at least 16 kB
     in_ns "$ns" tc qdisc replace dev "$dev" root tbf rate "$bits" burst "$burst" latency 200ms
-    echo 0
+    echo tbf
 }
 
 shape() {  # NAME BITS DELAY_MS
-    local applied
-    applied=$(shape_dev "$1" "$IFNAME" "$2" "$3")
+    local how applied=$3
+    how=$(shape_dev "$1" "$IFNAME" "$2" "$3")
     shape_dev switch "$1" "$2" "$3" >/dev/null
-    echo "rate_bit=$2 delay_ms=$3 applied_delay_ms=$applied" > "$STATE/run/shape-$1"
-    if [ "$applied" != "$3" ]; then
-        warn "$1: rate $2 bit/s applied, but NOT the delay of $3 ms: this kernel has no netem (CONFIG_NET_SCH_NETEM)"
-        echo "note=netem-missing" >> "$STATE/run/shape-$1"
+    if delay_line; then
+        delay_set "$1" "$3"
+        how="tbf + delay line"
+    elif [ "$how" = tbf ] && [ "$3" != 0 ]; then
+        applied=0
+        warn "$1: rate $2 bit/s applied, but NOT the delay of $3 ms: no netem in this kernel and no delay line" \
+            "(scripts/cluster.sh up said why)"
     fi
-    say "$1: both directions shaped to $2 bit/s, delay ${applied} ms each way"
+    echo "rate_bit=$2 delay_ms=$3 applied_delay_ms=$applied via=${how// /}" > "$STATE/run/shape-$1"
+    say "$1: both directions shaped to $2 bit/s, delay $applied ms each way ($how)"
 }
 
 shape_summary() {  # NAME -> its recorded shaping, or -
@@ -163,6 +253,7 @@ shape_summary() {  # NAME -> its recorded shaping, or -
 unshape() {  # NAME
     in_ns "$1" tc qdisc del dev "$IFNAME" root 2>/dev/null || true
     in_ns switch tc qdisc del dev "$1" root 2>/dev/null || true
+    if delay_line; then delay_set "$1" 0; fi
     rm -f "$STATE/run/shape-$1"
     say "$1: shaping removed"
 }

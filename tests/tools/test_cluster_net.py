@@ -1,0 +1,79 @@
+"""The local cluster's shaped links (scripts/cluster.sh shape): the delay they add, the rate
+they carry, and a delay line (kernels without netem) that fails open and says so when its
+program is gone. Marker `cluster`; one network-only cluster of its own (no Slurm), measured
+with scripts/cluster/probe.py from inside the hosts (docs/MULTINODE.md has the full table).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from tests.cluster_support import SCRIPT, Cluster
+from tests.conftest import ROOT, run_process
+
+pytestmark = pytest.mark.cluster
+PROBE = ROOT / "scripts" / "cluster" / "probe.py"
+DELAY_MS = 5
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    check = run_process([SCRIPT, "check"], timeout=30)
+    if check.returncode != 0:
+        why = f"no local cluster on this machine: {check.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why}; CI must run the cluster tests", pytrace=False)
+        pytest.skip(why)
+    cluster = Cluster(tmp_path_factory.mktemp("net_state"), tmp_path_factory.mktemp("net_data"))
+    server = None
+    try:
+        cluster.script("up", "--net-only", "--nodes", "2", timeout=300)  # the first use installs iptables
+        server = subprocess.Popen(["bash", str(SCRIPT), "exec", "node2", sys.executable, str(PROBE), "serve"],
+                                  env={**os.environ, **cluster.env}, start_new_session=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        yield cluster
+    finally:
+        if server is not None:  # only the process group started here
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        cluster.script("down", timeout=120)
+
+
+def probe(cluster: Cluster, what: str, *options) -> dict[str, Any]:
+    proc = cluster.script("exec", "node1", sys.executable, PROBE, what, "node2", *options)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def rtt(cluster: Cluster) -> float:
+    found = probe(cluster, "rtt", "--count", "10")
+    assert found["lost"] == 0, found
+    return found["rtt_ms_median"]
+
+
+def test_a_shaped_link_delays_the_round_trip_by_twice_its_delay(net):
+    net.script("shape", "node1", "--rate", "1000mbit", "--delay", f"{DELAY_MS}ms")
+    assert rtt(net) == pytest.approx(2 * DELAY_MS, abs=0.1 * 2 * DELAY_MS + 0.5)
+
+
+def test_a_shaped_link_with_delay_carries_its_rate(net):
+    net.script("shape", "node1", "--rate", "100mbit", "--delay", f"{DELAY_MS}ms")
+    assert probe(net, "bulk", "--seconds", "2")["mbit_s"] == pytest.approx(100, rel=0.15)
+
+
+def test_a_stopped_delay_line_passes_frames_undelayed_says_so_and_shape_restarts_it(net):
+    record = net.state / "run" / "delay.pid"
+    if not record.exists():
+        pytest.skip("this kernel has netem: shape delays with it, no delay line runs")
+    net.script("shape", "node1", "--rate", "1000mbit", "--delay", f"{DELAY_MS}ms")
+    os.kill(int(record.read_text().split()[0]), signal.SIGKILL)  # the program this cluster started
+    time.sleep(0.2)
+    assert rtt(net) < 2, "a dead delay line must fail open, not black-hole the link"
+    assert "THE DELAY LINE IS NOT RUNNING" in net.script("status").stderr
+    shaped = net.script("shape", "node1", "--rate", "1000mbit", "--delay", f"{DELAY_MS}ms")
+    assert "restarting the delay line" in shaped.stdout
+    assert rtt(net) == pytest.approx(2 * DELAY_MS, abs=0.1 * 2 * DELAY_MS + 0.5)
