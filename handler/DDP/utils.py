@@ -26,6 +26,7 @@ from ..runtime.dist import launched_by_torchrun
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError
 from ..runtime.nvtx import profiler_attached
+from .peers import silent_after
 
 # NCCL's watchdog tears its rank down (SIGABRT) when a collective passes the group's timeout.
 # It waits this much longer than --dist-timeout, so the heartbeat (peers.py, a third of
@@ -149,7 +150,7 @@ def group_timeout_s(backend: str, timeout_s: float) -> float:
     """The main group's collective timeout: --dist-timeout for gloo (a timed-out collective is
     turned into one line by peers.watch), more for NCCL, whose watchdog would otherwise abort
     the rank before the heartbeat names the silent peer."""
-    return timeout_s + NCCL_MARGIN_S if backend == "nccl" else timeout_s
+    return max(timeout_s, silent_after(timeout_s)) + NCCL_MARGIN_S if backend == "nccl" else timeout_s
 
 
 def check_local_rank(local_rank: int) -> None:
