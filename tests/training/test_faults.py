@@ -152,9 +152,6 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
     assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
 
 
-@pytest.mark.parametrize("env,use_cuda,expected", [
-    ({}, False, "forkserver"), ({}, True, "spawn"), ({"NSYS_PROFILING_SESSION_ID": "7"}, False, "spawn"),
-    ({"CUDA_INJECTION64_PATH": "libinject.so"}, False, "spawn")])
 def wait_for_text(proc, text, budget):
     """Seconds until text appears in proc's output (fails past SLACK * budget)."""
     start_t, deadline = time.time(), time.time() + SLACK * budget
@@ -203,6 +200,9 @@ def test_a_sigstopped_rank_is_named_with_its_host_before_the_collective_times_ou
     assert none_alive(family), "orphaned processes left behind"
 
 
+@pytest.mark.parametrize("env,use_cuda,expected", [
+    ({}, False, "forkserver"), ({}, True, "spawn"), ({"NSYS_PROFILING_SESSION_ID": "7"}, False, "spawn"),
+    ({"CUDA_INJECTION64_PATH": "libinject.so"}, False, "spawn")])
 def test_cpu_ranks_fork_from_a_server_except_under_a_profiler(env, use_cuda, expected, monkeypatch):
     for name in PROFILER_ENV:
         monkeypatch.delenv(name, raising=False)
