@@ -29,13 +29,16 @@ def folder_for(ckpt: str) -> str:
     return os.path.join(os.path.abspath(ckpt), "flight_recorder")
 
 
-def enable(ckpt: str) -> None:
-    """Turn the recorder on for groups made from now on, dumping into the run's folder."""
+def enable(ckpt: str, *, use_cuda: bool) -> None:
+    """Turn the recorder on for groups made from now on, dumping into the run's folder.
+    NCCL's watchdog writes there by itself, so on GPU the folder is made now."""
     global _folder
     os.environ.setdefault(BUFFER_SIZE, BUFFER_ENTRIES)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     os.environ.setdefault(DUMP_FILE, os.path.join(folder_for(ckpt), PREFIX))
     _folder = os.path.dirname(os.environ[DUMP_FILE])
+    if use_cuda:
+        os.makedirs(_folder, exist_ok=True)
 
 
 def _dumper(backend: str) -> Optional[Callable[[], bytes]]:

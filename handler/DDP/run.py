@@ -24,7 +24,7 @@ def worker(proc_id: int, cfg, strategy) -> None:
     with one_line_errors(f"rank {os.environ.get('RANK', proc_id)} ({socket.gethostname()})"):
         if launched_by_torchrun():
             cfg = _torchrun_preparation(cfg)
-        flight_recorder.enable(cfg.ckpt)  # before the group: torch reads the settings then
+        flight_recorder.enable(cfg.ckpt, use_cuda=cfg.use_cuda)  # before the group: torch reads the settings then
         me = initialize_group(proc_id, cfg.host, cfg.port, cfg.num_gpu,
                               use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout)
         try:
