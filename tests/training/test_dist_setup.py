@@ -82,3 +82,22 @@ def test_sync_bn_on_gpu_records_its_per_layer_sync_in_the_metrics_notes():
     assert SYNC_BN_NOTE in strategy(cfg).notes
     assert "once per BatchNorm layer per step" in SYNC_BN_NOTE
     assert strategy(dataclasses.replace(cfg, sync_bn=False)).notes == ()
+
+
+def test_the_flight_recorder_dumps_into_the_run_folder_or_says_this_torch_cannot(tmp_path, monkeypatch):
+    from torch._C import _distributed_c10d as c10d
+    from handler.DDP import flight_recorder as fr
+    for name in (fr.BUFFER_SIZE, fr.DUMP_FILE, "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        monkeypatch.setenv(name, "")  # so that monkeypatch removes what enable() sets
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(fr, "_folder", None)
+    assert fr.dump(0) == ""  # not enabled: nothing to say
+    fr.enable(str(tmp_path / "ckpt"), use_cuda=False)
+    assert os.environ[fr.DUMP_FILE] == str(tmp_path / "ckpt" / "flight_recorder" / "rank_")
+    line = fr.dump(3)  # no group here: an empty record, still a file torchfrtrace reads
+    assert line == (f"flight recorder: {tmp_path}/ckpt/flight_recorder/rank_3, read every rank's with "
+                    f"`torchfrtrace {tmp_path}/ckpt/flight_recorder`")
+    assert (tmp_path / "ckpt" / "flight_recorder" / "rank_3").is_file()
+    # torch 2.6 has no general dump (only NCCL's): the line says so and the run goes on.
+    monkeypatch.delattr(c10d, "_dump_fr_trace")
+    assert fr.dump(3).startswith("no Flight Recorder dump: this torch cannot dump a gloo group's record")
