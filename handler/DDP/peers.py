@@ -106,7 +106,7 @@ class Heartbeat:
                 self._link, silent_since = None, silent_since or now
             if self._stop.is_set():
                 return
-            limit = f"no heartbeat for {self.limit_s:g} s (--dist-timeout {self.timeout_s:g} s)"
+            limit = f"no heartbeat for {round(self.limit_s, 2):g} s (--dist-timeout {self.timeout_s:g} s)"
             if silent_since is not None and now - silent_since > self.limit_s:
                 self._give_up(store_lost(self.host, self.port, limit))
             lost = [p for p in self.peers if now - heard[p] > self.limit_s]
