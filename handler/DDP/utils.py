@@ -99,7 +99,9 @@ def _join(ctx) -> bool:
     """ctx.join, once some rank has ended. When one failed, a rank that is stopped (SIGSTOP, a
     debugger) is killed at once: it can never stop by itself, and torch would give it two grace
     periods and two warnings before killing it."""
-    multiprocessing.connection.wait([p.sentinel for p in ctx.processes if p.exitcode is None])
+    running = [p.sentinel for p in ctx.processes if p.exitcode is None]
+    if running:  # none: the rest ended since the last join, which takes them now (wait([]) never returns)
+        multiprocessing.connection.wait(running)
     if any(p.exitcode not in (None, 0) for p in ctx.processes):
         for proc in ctx.processes:
             if proc.exitcode is None and _stopped(proc.pid):
