@@ -2,6 +2,7 @@
 from functools import partial
 
 from ..train.mode import Mode
+from .model import SYNC_BN_NOTE
 from .options import check_comm
 
 
@@ -22,7 +23,8 @@ def strategy(cfg, make_loaders=None):
     from .model import model_to_DDP
     comm = CommHook.from_config(cfg)  # its memory (PowerSGD's) goes into checkpoints too
     return Strategy(wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn, comm=comm),
-                    make_loaders=make_loaders or get_DDP_loader, state=HookedState(comm))
+                    make_loaders=make_loaders or get_DDP_loader, state=HookedState(comm),
+                    notes=(SYNC_BN_NOTE,) if cfg.sync_bn and cfg.use_cuda else ())
 
 
 MODE = Mode(run=launch(strategy), check=check_comm, sync_bn=True, comm_hooks=True)

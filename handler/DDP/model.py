@@ -6,6 +6,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .comm_hook import CommHook
 
+# torch's SyncBatchNorm forward drops ranks with no samples by a boolean mask
+# (torch/nn/modules/_functions.py, `count_all[mask]`): a result whose size depends on the
+# data, so the host waits for the device at every BatchNorm layer of every step.
+SYNC_BN_NOTE = ("--sync-bn: torch's SyncBatchNorm syncs the host with the GPU once per BatchNorm "
+                "layer per step (it indexes with a boolean mask); drop --sync-bn for a step without them")
+
 
 def no_buffer_sync(ddp_class=DistributedDataParallel) -> dict:
     """torch 2.13 renamed broadcast_buffers to forward_sync_buffers; 2.6-2.12 know only the old name."""

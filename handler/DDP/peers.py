@@ -1,27 +1,34 @@
-"""A lost peer ends the run within --dist-timeout, and is named.
+"""A lost peer ends the run well within --dist-timeout, and is named.
 
-Every rank beats a counter in the rendezvous store once a second, on a connection of its
-own, and watches its ring neighbours' counters. A neighbour silent for --dist-timeout is
-lost: this rank names it and exits, whatever collective it is blocked in (some block with
-no timeout of their own). A collective that fails first (a closed connection, a timeout) is
-turned into the same one line: the counters that stood still name the lost ranks, and
-dist.HOSTS their hosts. When the store itself does not answer, rank 0 (which serves it) or
-its host is lost.
+Every rank beats a counter in the rendezvous store twice a second, on a connection of its
+own, and watches its ring neighbours' counters. A neighbour silent for `silent_after`
+(a third of --dist-timeout, at least 3 s) is lost: this rank names it and exits, whatever
+collective it is blocked in (some block with no timeout of their own). The limit sits well
+inside the collective's timeout, so a rank stopped just after a beat (SIGSTOP, a debugger,
+a swapped-out host) is named before any collective gives up on it. A collective that fails
+first (a closed connection) is turned into the same one line: the counters that stood still
+name the lost ranks, and dist.HOSTS their hosts. When the store itself does not answer,
+rank 0 (which serves it) or its host is lost. Every store call is bounded (store_link.py):
+one to a store that is cut off fails after STORE_TIMEOUT_S instead of hanging the thread.
+The failing rank dumps its Flight Recorder (flight_recorder.py) and says where.
 """
-import datetime
 import os
 import socket
 import sys
 import threading
 import time
 from contextlib import contextmanager
+from typing import List, Optional
 
 import torch.distributed as tdist
 
 from ..runtime import dist
 from ..runtime.errors import UserError
+from . import flight_recorder
+from .store_link import BoundedStore
 
-BEAT_S = 1.0
+BEAT_S = 0.5
+MIN_SILENCE_S = 3.0  # a few missed beats under load are not a lost peer
 STORE_TIMEOUT_S = 5.0
 KEY = "harness/beat/{}"
 # What torch's gloo and NCCL errors say when a peer is gone or silent.
@@ -30,15 +37,19 @@ COMM_FAILURE = ("Timed out", "timed out", "Connection", "connection", "closed by
 _reported = threading.Event()  # one line per process, from the watcher or from the failed collective
 
 
-def _client(host: str, port: int):
-    """A store connection of our own, or None when the store does not answer. Probed with a
-    plain socket first: a TCPStore that cannot connect logs a C++ backtrace."""
+def _client(host: str, port: int) -> Optional[BoundedStore]:
+    """A store connection of our own whose calls end within STORE_TIMEOUT_S, or None when
+    the store does not answer."""
     try:
-        socket.create_connection((host, port), timeout=STORE_TIMEOUT_S).close()
+        return BoundedStore(host, port, STORE_TIMEOUT_S)
     except OSError:
         return None
-    return tdist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
+
+
+def silent_after(timeout_s: float) -> float:
+    """How long a peer may stay silent before it is lost: a third of the collective's
+    timeout, so the heartbeat names a silent peer before the collective gives up on it."""
+    return max(MIN_SILENCE_S, timeout_s / 3)
 
 
 def describe(ranks) -> str:
@@ -55,37 +66,50 @@ class Heartbeat:
 
     close() waits for the thread: a thread still inside a store call when the process exits
     aborts it (SIGABRT, "terminate called without an active exception") if the store drops
-    the call then, as it does when rank 0 ends first.
+    the call then, as it does when rank 0 ends first. Every call is bounded, so the wait is.
     """
 
     def __init__(self, host: str, port: int, rank: int, world: int, timeout_s: float):
         self.host, self.port, self.rank, self.timeout_s = host, port, rank, timeout_s
+        self.limit_s = silent_after(timeout_s)
         self.peers = sorted({(rank - 1) % world, (rank + 1) % world} - {rank})
         self._stop = threading.Event()
+        self._link: Optional[BoundedStore] = None
         self._thread = threading.Thread(target=self._run, name="harness-heartbeat", daemon=True)
         self._thread.start()
 
-    def _run(self):
-        store, counts, silent_since = None, {}, None
+    def _run(self) -> None:
+        try:
+            self._beat()
+        finally:
+            if self._link is not None:
+                self._link.close()
+
+    def _beat(self) -> None:
+        counts, silent_since = {}, None
         heard = {p: time.monotonic() for p in self.peers}
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
             try:
-                store = store or _client(self.host, self.port)
-                if store is None:
+                self._link = self._link or _client(self.host, self.port)
+                if self._link is None:
                     raise OSError("no store")
-                store.add(KEY.format(self.rank), 1)
+                self._link.add(KEY.format(self.rank), 1)
                 for p in self.peers:
-                    count = store.add(KEY.format(p), 0)
+                    count = self._link.add(KEY.format(p), 0)
                     if counts.get(p) != count:
                         counts[p], heard[p] = count, now
                 silent_since = None
             except Exception:  # noqa: BLE001 - unreachable for now: a cut link may heal
-                store, silent_since = None, silent_since or now
-            limit = f"no heartbeat for --dist-timeout {self.timeout_s:g} s"
-            if silent_since is not None and now - silent_since > self.timeout_s:
+                if self._link is not None:
+                    self._link.close()
+                self._link, silent_since = None, silent_since or now
+            if self._stop.is_set():
+                return
+            limit = f"no heartbeat for {round(self.limit_s, 2):g} s (--dist-timeout {self.timeout_s:g} s)"
+            if silent_since is not None and now - silent_since > self.limit_s:
                 self._give_up(store_lost(self.host, self.port, limit))
-            lost = [p for p in self.peers if now - heard[p] > self.timeout_s]
+            lost = [p for p in self.peers if now - heard[p] > self.limit_s]
             if silent_since is None and lost:
                 self._give_up(f"lost {describe(lost)}: {limit}")
 
@@ -94,29 +118,36 @@ class Heartbeat:
         if self._stop.is_set() or _reported.is_set():
             return
         _reported.set()
-        print(f"rank {self.rank} ({socket.gethostname()}): {message}; the other ranks stop too",
-              file=sys.stderr, flush=True)
+        dump = flight_recorder.dump(self.rank)
+        print(f"rank {self.rank} ({socket.gethostname()}): {message}; the other ranks stop too"
+              f"{'; ' + dump if dump else ''}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(2)
 
     def close(self, wait_s: float) -> None:
-        """Stop beating; return once the thread has left its store call, or after wait_s
-        (a call to a store that is cut off, not closed, never returns)."""
+        """Stop beating; return once the thread has ended. A call in flight is left wait_s to
+        end by itself (dropping it makes torch log a C++ backtrace), then dropped."""
         self._stop.set()
         self._thread.join(timeout=wait_s)
+        link = self._link
+        if self._thread.is_alive() and link is not None:
+            link.close()
+        self._thread.join(timeout=STORE_TIMEOUT_S)
 
 
-def lost_ranks(host: str, port: int, rank: int, world: int):
+def lost_ranks(host: str, port: int, rank: int, world: int) -> Optional[List[int]]:
     """Ranks whose beat stopped (never this one); None when the store does not answer."""
+    store = _client(host, port)
+    if store is None:
+        return None
     try:
-        store = _client(host, port)
-        if store is None:
-            return None
         before = [store.add(KEY.format(r), 0) for r in range(world)]
         time.sleep(3 * BEAT_S)
         after = [store.add(KEY.format(r), 0) for r in range(world)]
     except Exception:  # noqa: BLE001 - unreachable, refused or timed out: all mean "gone"
         return None
+    finally:
+        store.close()
     return [r for r in range(world) if r != rank and after[r] == before[r]]
 
 
@@ -141,12 +172,14 @@ def watch(host: str, port: int, rank: int, world: int, timeout_s: float):
         cause = (f"no answer within --dist-timeout {timeout_s:g} s" if "imed out" in str(err)
                  else str(err).strip().splitlines()[-1][:160])
         lost = lost_ranks(host, port, rank, world)
+        dump = flight_recorder.dump(rank)
+        where = f"; {dump}" if dump else ""
         if lost is None:
-            raise UserError(f"{store_lost(host, port, cause)}; the other ranks stop too") from None
+            raise UserError(f"{store_lost(host, port, cause)}; the other ranks stop too{where}") from None
         if not lost:
             raise UserError(f"a collective failed ({cause}) but every peer still answers; "
-                            "see the other ranks' output") from None
-        raise UserError(f"lost {describe(lost)}: it stopped answering ({cause}); the other ranks stop too") from None
+                            f"see the other ranks' output{where}") from None
+        raise UserError(f"lost {describe(lost)}: it stopped answering ({cause}); the other ranks stop too{where}") from None
     finally:
         if beat is not None:
             beat.close(wait_s)

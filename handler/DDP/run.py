@@ -8,7 +8,7 @@ from ..modes import validate
 from ..data.dataset import data_lock, prepare_dataset
 from ..runtime.errors import one_line_errors
 from ..train.trainer import fit
-from . import peers
+from . import flight_recorder, peers
 from .utils import (destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, run_process,
                     store_address)
 
@@ -24,6 +24,7 @@ def worker(proc_id: int, cfg, strategy) -> None:
     with one_line_errors(f"rank {os.environ.get('RANK', proc_id)} ({socket.gethostname()})"):
         if launched_by_torchrun():
             cfg = _torchrun_preparation(cfg)
+        flight_recorder.enable(cfg.ckpt, use_cuda=cfg.use_cuda)  # before the group: torch reads the settings then
         me = initialize_group(proc_id, cfg.host, cfg.port, cfg.num_gpu,
                               use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout)
         try:

@@ -6,6 +6,7 @@ through the environment instead.
 """
 import datetime
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -21,10 +22,16 @@ import torch.distributed.nn  # noqa: F401
 import torch.multiprocessing as mp
 
 from ..runtime import dist
+from ..runtime.dist import launched_by_torchrun
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError
 from ..runtime.nvtx import profiler_attached
+from .peers import silent_after
 
+# NCCL's watchdog tears its rank down (SIGABRT) when a collective passes the group's timeout.
+# It waits this much longer than --dist-timeout, so the heartbeat (peers.py, a third of
+# --dist-timeout) names the silent peer first.
+NCCL_MARGIN_S = 30.0
 GRACE_S = 5  # after a rank fails, how long the others get to exit before SIGTERM/SIGKILL
 # What the fork server imports once for every rank: torch, and torch._dynamo, which DDP's
 # constructor and every optimizer step import (1.1 s).
@@ -38,10 +45,6 @@ class Rank:
     world_size: int
     device: str
     backend: str
-
-
-def launched_by_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
 
 
 def start_method(use_cuda: bool) -> str:
@@ -75,7 +78,7 @@ def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not ctx.join(grace_period=GRACE_S):
+        while not _join(ctx):
             pass
     except mp.ProcessExitedException as err:
         # 2: the rank printed its one-line reason. 128+n: it stopped on signal n and said so.
@@ -92,6 +95,29 @@ def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
             signal.signal(sig, handler)
 
 
+def _join(ctx) -> bool:
+    """ctx.join, once some rank has ended. When one failed, a rank that is stopped (SIGSTOP, a
+    debugger) is killed at once: it can never stop by itself, and torch would give it two grace
+    periods and two warnings before killing it."""
+    running = [p.sentinel for p in ctx.processes if p.exitcode is None]
+    if running:  # none: the rest ended since the last join, which takes them now (wait([]) never returns)
+        multiprocessing.connection.wait(running)
+    if any(p.exitcode not in (None, 0) for p in ctx.processes):
+        for proc in ctx.processes:
+            if proc.exitcode is None and _stopped(proc.pid):
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join()
+    return ctx.join(timeout=0, grace_period=GRACE_S)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
                      use_cuda: bool, timeout_s: float) -> Rank:
     """Pick this process's device, join the process group, and wait for every peer."""
@@ -105,6 +131,7 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
         rank, world, local_rank, local_world = proc_id, num_gpu, proc_id, num_gpu
         init_method = f"tcp://{host}:{port}"
     if use_cuda:
+        check_local_rank(local_rank)
         torch.cuda.set_device(local_rank)
         device, backend = f"cuda:{local_rank}", "nccl"
     else:
@@ -115,10 +142,27 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
         device, backend = "cpu", "gloo"
     dist.set_timeout(datetime.timedelta(seconds=timeout_s))
     tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                             timeout=datetime.timedelta(seconds=timeout_s),
+                             timeout=datetime.timedelta(seconds=group_timeout_s(backend, timeout_s)),
                              device_id=torch.device(device) if use_cuda else None)
     tdist.barrier()
     return Rank(rank=rank, local_rank=local_rank, world_size=world, device=device, backend=backend)
+
+
+def group_timeout_s(backend: str, timeout_s: float) -> float:
+    """The main group's collective timeout: --dist-timeout for gloo (a timed-out collective is
+    turned into one line by peers.watch), more for NCCL, whose watchdog would otherwise abort
+    the rank before the heartbeat names the silent peer."""
+    return max(timeout_s, silent_after(timeout_s)) + NCCL_MARGIN_S if backend == "nccl" else timeout_s
+
+
+def check_local_rank(local_rank: int) -> None:
+    """torchrun may start more processes on a node than it has GPUs: say so in one line
+    instead of set_device's "invalid device ordinal" traceback."""
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise UserError(f"LOCAL_RANK {local_rank} but only {count} GPU(s) are visible on this node; "
+                        f"start at most {count} processes per node (torchrun --nproc_per_node {count}) "
+                        "or set CUDA_VISIBLE_DEVICES")
 
 
 def store_address(cfg) -> tuple:

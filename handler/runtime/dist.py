@@ -3,10 +3,24 @@
 Process setup and teardown live in handler/DDP/utils.py; this module only holds the
 collectives the shared loop needs.
 """
+import os
 import socket
+from typing import Optional
 
 import torch
 import torch.distributed as tdist
+
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+
+
+def launched_by_torchrun() -> bool:
+    return all(k in os.environ for k in TORCHRUN_ENV)
+
+
+def torchrun_world() -> Optional[int]:
+    """torchrun's WORLD_SIZE, which decides the world under it (docs/MULTINODE.md); None otherwise."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else None
 
 
 def active() -> bool:

@@ -192,14 +192,27 @@ def parse_config(argv, modes: Mapping[str, Mode], *, cuda_count: Optional[int] =
         from ..runtime.devices import cuda_status
         cuda_count = cuda_status()[0]
     values["use_cuda"] = cuda_count > 0
-    values["num_gpu"] = _resolve_num_gpu(ns.num_gpu, ns.mode, cuda_count)
-    # DP is one process driving num_gpu devices; the DDP modes are one process per device.
-    values["world_size"] = 1 if ns.mode == "dp" else values["num_gpu"]
+    from ..runtime.dist import torchrun_world
+    torchrun = torchrun_world() if ns.mode != "dp" else None
+    values["num_gpu"] = (_torchrun_num_gpu(ns.num_gpu, torchrun) if torchrun
+                         else _resolve_num_gpu(ns.num_gpu, ns.mode, cuda_count))
+    # DP is one process driving num_gpu devices; the DDP modes are one process per device,
+    # as many as torchrun started when it did (docs/MULTINODE.md).
+    values["world_size"] = 1 if ns.mode == "dp" else (torchrun or values["num_gpu"])
     if not values["metrics"]:
         values["metrics"] = os.path.join(ns.ckpt, "metrics.json")
     cfg = Config(**values)
     validate(cfg, modes)
     return cfg
+
+
+def _torchrun_num_gpu(requested: Optional[int], world: int) -> int:
+    """Under torchrun its WORLD_SIZE is the world; --num_gpu, when given, must say the same.
+    The devices this node uses are its LOCAL_WORLD_SIZE."""
+    if requested is not None and requested != world:
+        raise UserError(f"--num_gpu {requested} but torchrun started {world} processes (WORLD_SIZE); "
+                        f"drop --num_gpu or use --num_gpu {world}")
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
 
 
 def _resolve_num_gpu(requested: Optional[int], mode: str, cuda_count: int) -> int:

@@ -61,6 +61,7 @@ def test_every_mode_trains_end_to_end_on_two_gpus(mode_args, data_root, tmp_path
     assert_trained_on_gpus(m, mode_args[0], 2)
     if "--sync-bn" in mode_args:
         assert m["config"]["sync_bn"] is True
+        assert any("once per BatchNorm layer per step" in n for n in m["env"]["notes"]), m["env"]["notes"]
 
 
 def test_fp16_trains_with_a_live_grad_scaler_that_is_checkpointed(data_root, tmp_path):

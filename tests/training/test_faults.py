@@ -5,7 +5,9 @@ seconds on 2 busy cores under ONEDNN_MAX_CPU_ISA=AVX2; a wait past SLACK times i
 fails naming the command and its last lines (tests/conftest.py).
 """
 import os
+import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,6 +150,54 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
     assert "rank 1 was killed by SIGKILL" in output(proc)
     assert none_alive(family), "orphaned processes left behind"
     assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
+
+
+def wait_for_text(proc, text, budget):
+    """Seconds until text appears in proc's output (fails past SLACK * budget)."""
+    start_t, deadline = time.time(), time.time() + SLACK * budget
+    while text not in output(proc):
+        assert proc.poll() is None or text in output(proc), f"training ended early:\n{output(proc)[-3000:]}"
+        if time.time() > deadline:
+            hung(proc.args, SLACK * budget, output(proc), f"(waiting for {text!r})")
+        time.sleep(0.1)
+    return time.time() - start_t
+
+
+# A rank stopped mid-epoch (SIGSTOP: a wedged process, a debugger) is alive but silent.
+# --dist-timeout 12 puts the heartbeat's limit at 4 s: rank 0 must name rank 1 by then, long
+# before its collective's 12 s run out (the old limit was --dist-timeout itself). Measured:
+# named 4.5-5 s after the stop; the job ends 5 s later (the launcher's grace, then SIGKILL).
+STOP_TIMEOUT, NAMED_WITHIN = 12, 8
+
+
+def test_a_sigstopped_rank_is_named_with_its_host_before_the_collective_times_out(
+        data_root, tmp_path, killer_cleanup):
+    proc = start(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", tmp_path, "--epochs", 30,
+                  "--dist-timeout", STOP_TIMEOUT, *LONG], tmp_path)
+    killer_cleanup.append(proc)
+    wait_for_text(proc, "steps/epoch", budget=15)  # the loop has started
+    time.sleep(1.0)  # mid-epoch
+    ranks = ranks_of(proc.pid)
+    assert len(ranks) == 2
+    family = descendants(proc.pid)
+    os.kill(ranks[1], signal.SIGSTOP)
+    try:
+        named_after = wait_for_text(proc, "lost rank 1", budget=NAMED_WITHIN)
+        finish(proc, budget=20)
+    finally:
+        if alive(ranks[1]):
+            os.kill(ranks[1], signal.SIGKILL)
+            os.kill(ranks[1], signal.SIGCONT)
+    assert proc.returncode != 0
+    assert named_after < NAMED_WITHIN, f"named {named_after:.1f} s after the stop"
+    lines = [line for line in output(proc).splitlines() if "lost rank" in line]
+    assert len(lines) == 1, output(proc)[-3000:]
+    assert lines[0].startswith("rank 0 (") and f"lost rank 1 ({socket.gethostname()})" in lines[0]
+    dump = tmp_path / "flight_recorder" / "rank_0"
+    assert f"flight recorder: {dump}" in lines[0] and f"torchfrtrace {dump.parent}" in lines[0]
+    entries = pickle.loads(dump.read_bytes())["entries"]  # torch's Flight Recorder format
+    assert any(e["profiling_name"].startswith("gloo:") for e in entries), entries[-3:]
+    assert none_alive(family), "orphaned processes left behind"
 
 
 @pytest.mark.parametrize("env,use_cuda,expected", [

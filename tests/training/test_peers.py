@@ -83,3 +83,45 @@ def test_a_store_call_failing_while_the_rank_exits_never_aborts_it():
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert rank.returncode == 0, f"exit {rank.returncode}:\n{rank.stderr[-2000:]}"
     assert "terminate called" not in rank.stderr
+
+
+def held_store():
+    """A real store behind the proxy; returns (proxy port, control socket): b"f" on the
+    control socket makes the proxy hold every answer from then on, as a store cut off
+    (no FIN, no RST) never answers."""
+    store = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=30))
+    front, control = listener(), listener()
+    threading.Thread(target=proxy, args=(front, control, store.port), daemon=True).start()
+    return store, front.getsockname()[1], socket.create_connection(("127.0.0.1", control.getsockname()[1]))
+
+
+def test_a_store_call_to_a_store_that_is_cut_off_fails_within_its_bound():
+    from handler.DDP.store_link import BoundedStore
+    store, port, control = held_store()
+    link = BoundedStore("127.0.0.1", port, 1.0)
+    assert link.add("k", 1) == 1
+    control.sendall(b"f")
+    time.sleep(0.2)
+    start = time.monotonic()
+    try:
+        link.add("k", 1)
+        raise AssertionError("a held call returned")
+    except tdist.DistError:
+        pass  # closed by the relay
+    assert time.monotonic() - start < 1.0 + 1.0
+    link.close()
+    assert not link._thread.is_alive()
+
+
+def test_a_heartbeat_whose_store_is_cut_off_never_outlives_its_run():
+    from handler.DDP import peers
+    store, port, control = held_store()
+    beat = peers.Heartbeat("127.0.0.1", port, 0, 2, 60)  # silent after 20 s: it never gives up here
+    time.sleep(3 * peers.BEAT_S)
+    control.sendall(b"f")
+    time.sleep(3 * peers.BEAT_S)  # a beat is held now, and would be for ever
+    start = time.monotonic()
+    beat.close(peers.BEAT_S)
+    assert not beat._thread.is_alive(), "the heartbeat thread outlived its run"
+    assert time.monotonic() - start < peers.BEAT_S + 1.0
