@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI's multi-host step: the tests marked `cluster` (tests/tools/test_cluster.py, and bench.comm's
+# CI's multi-host step: the tests marked `cluster` (tests/tools/test_cluster.py, test_cluster_identity.py, and bench.comm's
 # two-host smoke in tests/tools/test_bench_comm.py) on a local Slurm cluster in network namespaces
 # (scripts/cluster.sh; root needed). They print the cluster's set-up time ("cluster set-up:
 # ..."); the step's own time is printed at the end.
@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh requirements-test.txt
 started=$SECONDS
 status=0
-.venv/bin/python -m pytest -m cluster tests/tools/test_cluster.py tests/tools/test_bench_comm.py "$@" || status=$?
+.venv/bin/python -m pytest -m cluster tests/tools/test_cluster.py tests/tools/test_cluster_identity.py tests/tools/test_bench_comm.py "$@" || status=$?
 echo "test_cluster: $((SECONDS - started)) s for set-up and the cluster tests (exit $status)"
 exit $status
