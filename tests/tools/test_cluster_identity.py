@@ -29,7 +29,6 @@ def test_a_new_job_with_an_old_jobs_id_starts_afresh_beside_its_run_and_says_why
     old.finish()
     assert old.succeeded, job_failed(old, f"the first job ended {old.state} {old.exit_code}")
     ckpt = tmp_path / "ckpt"
-    run = (ckpt / "slurm-run").read_text().strip()
     before = (ckpt / "last.pt").read_bytes()
 
     cluster.script("down", timeout=120)
@@ -40,10 +39,12 @@ def test_a_new_job_with_an_old_jobs_id_starts_afresh_beside_its_run_and_says_why
     new.wait_for(r"^ddp: ")  # training started, after where a resume would have said so
     cluster.script("run", "scancel", new.id)
     new.finish()
+    assert "resumed from" not in new.output() and "(resuming)" not in new.output(), \
+        job_failed(new, "the new job resumed the old job's run")
     said = [line for line in new.output().splitlines() if line.startswith("train.sbatch: not resuming")]
     assert len(said) == 1, job_failed(new, "no line saying why it did not resume")
+    run = (ckpt / "slurm-run").read_text().strip()
     assert f"not resuming {ckpt}: it holds run {run}" in said[0]
-    assert "resumed from" not in new.output() and "(resuming)" not in new.output()
     assert (ckpt / "last.pt").read_bytes() == before and (ckpt / "slurm-run").read_text().strip() == run
     fresh = said[0].rsplit(" starts afresh in ", 1)[1]
     assert fresh != str(ckpt) and f"checkpoints in {fresh}\n" in new.output()  # what the ranks were given
