@@ -3,8 +3,10 @@
 Imports DALI at the top: reach it through cifar10_loader, which checks DALI first.
 """
 import math
+from typing import Iterator, Optional
 
 import numpy as np
+import torch
 from nvidia.dali import Pipeline, fn, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -170,15 +172,40 @@ class DALILoader:
         if self.reseed and (epoch != self.epoch or self.used):
             self._start(epoch)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yields len(self) batches. Before the last it ends DALI's pass: a shard one image
+        shorter than its neighbours ends on an all-padding batch that no caller asks for,
+        and a pass left open refuses the next pass's reset (that pass would yield nothing)."""
         self.used = True
         batches = iter(self.iterator)
-        while True:
+        for handed in range(1, self.batches + 1):
             with nvtx_range("data"):
-                batch = next(batches, None)
+                batch = _next_real(batches)
+                if handed == self.batches:
+                    _finish_pass(batches)
             if batch is None:
                 return
-            images, labels = batch[0]["images"], batch[0]["labels"]
-            # A shard one image shorter than its neighbours can end on an all-padding batch.
-            if len(labels):
-                yield images, labels.view(-1).long()
+            yield batch
+
+
+Batches = Iterator[list[dict[str, torch.Tensor]]]  # a DALIGenericIterator over one pipeline
+
+
+def _next_real(batches: Batches) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The next batch that holds samples, as (images, labels int64 [B]); None at the pass's end."""
+    # next(), never a for loop: iter() on a DALI iterator resets it (a memory feed's pass
+    # has no known size, so that reset would start the pass again).
+    while (batch := next(batches, None)) is not None:
+        images, labels = batch[0]["images"], batch[0]["labels"]
+        if len(labels):
+            return images, labels.view(-1).long()
+    return None
+
+
+def _finish_pass(batches: Batches) -> None:
+    """Run the pass to its end, where auto_reset restarts it; only padding is left by then
+    (a partial batch under the drop policy never leaves DALI)."""
+    while (batch := next(batches, None)) is not None:
+        if len(batch[0]["labels"]):
+            raise RuntimeError("the DALI pass holds more batches than the loader's len(): "
+                               "its shard size and batch disagree (handler/DALI/cifar10_loader.py)")

@@ -1,6 +1,8 @@
 """Checkpoints: one plain dict with everything needed to resume, written atomically."""
+import errno
 import os
 import random
+import shutil
 
 import numpy as np
 import torch
@@ -79,7 +81,8 @@ def make_checkpoint(*, state, scheduler, scaler, epoch, step, best_acc, history,
 
 def save_atomic(obj: dict, path: str) -> None:
     """Write to a temp file in the same folder, fsync, then rename over the old file,
-    so a kill at any moment leaves either the old or the new checkpoint, never half."""
+    so a kill at any moment leaves either the old or the new checkpoint, never half.
+    A full disk is a UserError naming the folder, the room needed and free (docs/FAILURES.md)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -87,9 +90,50 @@ def save_atomic(obj: dict, path: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        # torch's zip writer reports a short write as a RuntimeError ("unexpected pos"), so a
+        # full disk is also known by the room left once the temp file is gone.
+        _remove(tmp)
+        full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+        if not (full or _free(path) < tensor_bytes(obj)):
+            raise
+        raise UserError(disk_full(path, obj)) from None
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        _remove(tmp)
+
+
+def _remove(path: str) -> None:
+    if os.path.exists(path):
+        os.remove(path)
+
+
+def disk_full(path: str, obj: dict) -> str:
+    """The one line for a save that found no room: the old file is untouched by then."""
+    folder = os.path.dirname(os.path.abspath(path))
+    kept = (f"the previous {os.path.basename(path)} there is kept" if os.path.isfile(path)
+            else "nothing was saved")
+    return (f"no room to save a checkpoint in {folder}: it needs about {_mib(tensor_bytes(obj))} and "
+            f"{_mib(_free(path))} are free; {kept}. Free space there (or choose another "
+            "--ckpt) and continue with --resume")
+
+
+def _free(path: str) -> int:
+    return shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+
+
+def tensor_bytes(obj: object) -> int:
+    """Bytes of the tensors in a (nested) checkpoint: what a save needs, within its small metadata."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def load_checkpoint(path: str, device) -> dict:

@@ -225,11 +225,25 @@ def _save(cfg, state, *, raw, optimizer, scheduler, scaler, epochs_done, step, b
     with nvtx_range("checkpoint"):
         os.makedirs(cfg.ckpt, exist_ok=True)
         captured = state.capture(cfg, raw, optimizer, tag=f"e{epochs_done}s{step}")
-        if not cfg.is_main:
-            return
-        ckpt = make_checkpoint(state=captured, scheduler=scheduler, scaler=scaler, epoch=epochs_done,
-                               step=step, best_acc=best_acc, history=history, config=cfg.as_dict())
-        save_atomic(ckpt, os.path.join(cfg.ckpt, "last.pt"))
-        if improved:
-            save_atomic(ckpt, os.path.join(cfg.ckpt, "best.pt"))
-        state.keep(cfg.ckpt, last=captured, best=captured if improved else None)
+        failure = None
+        if cfg.is_main:
+            try:
+                _write(cfg, state, captured, make_checkpoint(
+                    state=captured, scheduler=scheduler, scaler=scaler, epoch=epochs_done, step=step,
+                    best_acc=best_acc, history=history, config=cfg.as_dict()), improved)
+            except UserError as err:  # a full disk: the old checkpoint is kept
+                failure = err
+        # Every rank learns whether rank 0's write failed, so the others stop quietly
+        # instead of each reporting a lost rank 0 (docs/FAILURES.md).
+        if dist.all_reduce_max(int(failure is not None)):
+            if failure is not None:
+                raise failure
+            raise SystemExit(2)  # rank 0 says why, in one line
+
+
+def _write(cfg, state, captured: dict, ckpt: dict, improved: bool) -> None:
+    """Rank 0: last.pt, and best.pt when validation improved."""
+    save_atomic(ckpt, os.path.join(cfg.ckpt, "last.pt"))
+    if improved:
+        save_atomic(ckpt, os.path.join(cfg.ckpt, "best.pt"))
+    state.keep(cfg.ckpt, last=captured, best=captured if improved else None)

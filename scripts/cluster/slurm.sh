@@ -69,9 +69,13 @@ write_slurm_conf() {
     cpus=$(nproc)
     mkdir -p "$STATE/etc" "$STATE/spool"
     rm -rf "$STATE/spool/"*  # no job of an earlier cluster comes back
+    # A name of its own for each cluster brought up: job ids start at 1 again after down/up, and
+    # train.sbatch tells runs apart by cluster name, job id and first start (docs/CHECKPOINTS.md).
+    local cluster_name
+    cluster_name=local-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
     cat > "$STATE/etc/slurm.conf" <<EOF
 # Written by scripts/cluster.sh up; every path is under $STATE.
-ClusterName=local
+ClusterName=$cluster_name
 SlurmctldHost=head($HEAD_ADDR)
 SlurmUser=root
 AuthType=auth/munge

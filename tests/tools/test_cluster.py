@@ -20,6 +20,7 @@ from tests.conftest import read_metrics, tail
 pytestmark = pytest.mark.cluster
 LOST_NODE2 = r"lost rank \d \(node2\)"  # what a surviving rank says about the lost one
 DIST_TIMEOUT = 10  # s, for the fault tests
+TORCHRUN_AGENTS = ("torch.distributed.run", "handler.runtime.torchrun")  # train.sbatch runs the second
 MODES = ["ddp", "ddp_dali", "fsdp", "pp"]
 
 
@@ -92,7 +93,7 @@ def test_workers_lost_on_one_host_restart_elastically_resume_and_complete(cluste
                          env={"NPROC_PER_NODE": "1", "NNODES": "1:2", "MAX_RESTARTS": "1"})
     job.wait_for_checkpoint()
     workers = [pid for pid, cmd in cluster.processes("node2").items()
-               if "train_cifar.py" in cmd and "torch.distributed.run" not in cmd]
+               if "train_cifar.py" in cmd and not any(agent in cmd for agent in TORCHRUN_AGENTS)]
     assert workers, f"no worker on node2: {cluster.processes('node2')}"
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
