@@ -169,7 +169,7 @@ private_install() {
     while read -r link; do
         target="$(readlink "$link")"
         [[ $target == /* ]] && continue
-        target="$(realpath -m "/${link#"$dest.partial/"}/../$target")"
+        target="$(realpath -m -s "/${link#"$dest.partial/"}/../$target")"
         [[ -e $ROOTFS$target ]] && "${SUDO[@]}" ln -sfn "$ROOTFS$target" "$link"
     done < <(find "$dest.partial" -type l ! -exec test -e {} \; -print)
     if find "$dest.partial" -name 'libcuda.so*' | grep -q .; then
@@ -193,6 +193,12 @@ if [[ $(id -u) -ne 0 ]]; then
     SUDO=(sudo)
 fi
 
+if ! driver_version >/dev/null \
+        && [[ "$(dpkg-query -W -f='${db:Status-Status}' libcuda1 2>/dev/null)" == installed ]]; then
+    say "WARNING: libcuda1 is installed but no NVIDIA driver runs here, so torch warns in every process" \
+        "that the driver is too old (an earlier install_nsys.sh brought it with Debian's nsight-systems);" \
+        "remove it with: apt-get purge libcuda1 nsight-systems nsight-systems-target, then run this script again"
+fi
 if found="$(find_nsys)"; then
     use_nsys "$found"
     exit 0
