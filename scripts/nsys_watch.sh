@@ -9,10 +9,11 @@
 #
 # Progress, sampled each second, is any of (docs/PROFILING.md, "A profiled run never hangs"):
 # - CPU wanted: the time the tree's threads ran plus the time they waited for a CPU in the
-#   run queue (/proc/PID/task/TID/schedstat). A report writer starved on a loaded machine
-#   waits in the run queue, so it counts fully, however little CPU it gets; without
-#   schedstat, the CPU time used (utime + stime) is the measure.
-# - a thread in uninterruptible I/O (state D);
+#   run queue (/proc/PID/task/TID/schedstat; without it, the CPU time used). The kernel adds
+#   a wait when the thread gets the CPU, so a thread starved for seconds shows it late:
+# - a thread runnable (state R: running, or waiting in the run queue) or in uninterruptible
+#   I/O (state D) at a sample. A report writer starved on a loaded machine is runnable, so it
+#   counts fully, however little CPU it gets;
 # - growth of a regular file the tree has open (the .qdstrm, the .nsys-rep being written).
 # The tree is stuck only when all of these add up to less than 2 % of one core over a whole
 # TIMEOUT_S window: a stuck wait (a futex, a sleep) wants next to nothing. A backstop ends
@@ -43,7 +44,7 @@ tree() {
 # One line per thread of the processes in `tree` output (stdin): "t TID NS", the nanoseconds
 # it has run or waited to run (without schedstat: "t PID NS" from the process's CPU ticks,
 # its reaped children's included); one per regular file they hold open: "f FD-PATH BYTES";
-# and "io 1" when a thread is in uninterruptible I/O.
+# and "busy 1" when a thread is runnable (running or waiting for a CPU) or in uninterruptible I/O.
 usage() {
     local pid start procs=() stats=() states=() fds=()
     while read -r pid start; do
@@ -62,17 +63,18 @@ usage() {
         cat "${procs[@]}" 2>/dev/null | awk -v ns="$((1000000000 / hz))" '{ pid = $1; sub(/^.*\) /, "")
             printf "t %s %.0f\n", pid, ($12 + $13 + $14 + $15) * ns }'
     fi
-    cat "${states[@]}" 2>/dev/null | awk '{ sub(/^.*\) /, "") } $1 == "D" { d = 1 } END { if (d) print "io 1" }'
+    cat "${states[@]}" 2>/dev/null | awk '{ sub(/^.*\) /, "") } $1 == "R" || $1 == "D" { busy = 1 }
+        END { if (busy) print "busy 1" }'
     stat -L -c '%F|%s|%n' "${fds[@]}" 2>/dev/null | awk -F'|' '$1 ~ /^regular/ { print "f", $3, $2 }'
 }
 
 # Sets `delta`: progress since the last sample, in ns: what each thread wanted (a thread first seen counts
-# whole), 1 s for a thread in I/O, 1 s when an open file grew. Per thread and per file, so a
+# whole), 1 s when a thread is runnable or in I/O, 1 s when an open file grew. Per thread and per file, so a
 # process or file leaving the tree takes nothing from the others' progress.
 declare -A before=()
 first=1
 progress_since_last() {
-    local kind key value old wanted=0 io=0 grew=0
+    local kind key value old wanted=0 busy=0 grew=0
     local -A now=()
     while read -r kind key value; do
         case $kind in
@@ -82,12 +84,12 @@ progress_since_last() {
             f) now[f$key]=$value
                old=${before[f$key]:-$value}
                (( value > old )) && grew=1 ;;
-            io) io=1 ;;
+            busy) busy=1 ;;
         esac
     done < <(tree | usage)
     before=()
     for key in "${!now[@]}"; do before[$key]=${now[$key]}; done
-    delta=$((wanted + (io + grew) * 1000000000))
+    delta=$((wanted + (busy + grew) * 1000000000))
     if (( first )); then first=0 delta=0; fi
 }
 
