@@ -37,11 +37,21 @@ def load_metrics(path: Path) -> dict:
         raise UserError(f"metrics file {path} is not JSON ({err}); pass the run's metrics JSON") from None
 
 
+def capture_window(ranks: list[dict], metrics: dict | None) -> dict:
+    """The epochs this report covers (a capture window, docs/PROFILING.md, may leave some out),
+    how many the run trained, and the metrics JSON's time for each epoch outside the report."""
+    covered = sorted(set().union(*({e["epoch"] for e in r["epochs"]} for r in ranks)))
+    trained = [(entry.get("epoch", i), entry.get("time_s")) for i, entry in enumerate((metrics or {}).get("epochs") or [])]
+    return {"epochs": covered, "run_epochs": len(trained) if metrics else None,
+            "outside": [{"epoch": e, "metrics_s": t} for e, t in trained if e not in covered]}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     out_dir = args.out or args.report.parent
     metrics = load_metrics(args.metrics) if args.metrics else None
     analysis = summarize(load_trace(sqlite_export(args.report, out_dir)), metrics)
+    analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
     summary = {"report": str(args.report), "nsys_export_version": nsys_version(),
                "one_line": one_line(analysis), **analysis}
     page = markdown(summary, args.report.name)
