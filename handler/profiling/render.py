@@ -32,12 +32,13 @@ def one_line(summary: dict) -> str:
         parts += [f"gpu idle {pct(overall['gpu_idle_share'])}", f"nccl {pct(overall['nccl_share'])}"]
     if overall.get("comm_share") is not None:
         parts.append(f"comm {pct(overall['comm_share'])} (exposed {pct(overall['comm_exposed_share'])})")
-    window = covered(summary.get("capture_window"))
+    window = covered(summary.get("capture_window")) if (summary.get("capture_window") or {}).get("outside") else ""
     return "profile: " + ", ".join(parts) + (" [GPU time]" if gpu else "") + (f" [{window}]" if window else "")
 
 
 def covered(window: dict | None) -> str:
-    """"epochs 1-2 of 4": which epochs the report holds, of how many the run trained."""
+    """"epochs 1-2 of 4": which epochs the report holds, of how many the run trained. The one
+    line names it only when the report leaves some of the run's epochs out."""
     if not window or not window["epochs"]:
         return ""
     epochs, total = window["epochs"], window["run_epochs"]

@@ -60,3 +60,12 @@ def capture_start() -> int | None:
 def capture_end(handle: int | None) -> None:
     if handle is not None:
         _nvtx.range_end(handle)
+
+
+def stop_ranges() -> None:
+    """No more NVTX from this process: called when the capture window closes. nsys records
+    for a while after the capture range ends (over a second on a loaded machine), so ranges
+    opened then would put part of the next epoch into the report; the rest of the run trains
+    without them, as unprofiled."""
+    global ACTIVE
+    ACTIVE = False

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..runtime.errors import UserError
-from ..runtime.nvtx import ACTIVE, capture_end, capture_start, nvtx_mark
+from ..runtime import nvtx
+from ..runtime.nvtx import capture_end, capture_start, nvtx_mark
 
 DEFAULT_WINDOW = (1, 2)  # after the first epoch's warm-up and autotuning
 WHOLE_RUN_UP_TO = 3  # runs of at most this many epochs are captured whole
@@ -95,7 +96,7 @@ class Capture:
         self._close()
 
     def _open(self) -> None:
-        if not ACTIVE or self.handle is not None:
+        if not nvtx.ACTIVE or self.handle is not None:
             return
         from ..runtime import dist  # torch.distributed: imported only by a profiled run
         # Every rank has opened its range before any rank starts the first captured epoch,
@@ -112,3 +113,4 @@ class Capture:
         dist.barrier()  # every rank's last captured range has ended
         capture_end(self.handle)
         self.handle = None
+        nvtx.stop_ranges()

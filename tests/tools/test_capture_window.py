@@ -49,3 +49,21 @@ def test_launch_sh_names_the_window_the_trainer_captures(spec, epochs):
     out = subprocess.run(["bash", "-c", f'source "{OPTIONS}"; capture_window {epochs} "{spec}"'],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == describe(parse_profile_epochs(spec, epochs), epochs)
+
+
+def test_closing_the_window_stops_this_process_s_nvtx_ranges(monkeypatch):
+    """nsys goes on recording for a while after the capture range ends: no range may start then.
+    torch.cuda.nvtx works on CPU (a no-op without a profiler), so nothing is mocked but the switch."""
+    import torch
+
+    from handler.runtime import nvtx
+    monkeypatch.setattr(nvtx, "ACTIVE", True)
+    monkeypatch.setattr(nvtx, "_nvtx", torch.cuda.nvtx, raising=False)
+    capture = Capture((1, 1))
+    capture.before_epoch(0)
+    assert capture.handle is None
+    capture.before_epoch(1)
+    assert capture.handle is not None and nvtx.nvtx_range("epoch 1") is not nvtx.nvtx_range("epoch 2")
+    capture.after_epoch(1)
+    assert capture.handle is None and not nvtx.ACTIVE
+    assert nvtx.nvtx_range("epoch 2") is nvtx.nvtx_range("epoch 3")  # the shared no-op
