@@ -148,7 +148,7 @@ if [[ $profiled == 1 ]]; then
     export HARNESS_NSYS="$(nsys --version | sed 's/.*version //')"
     # Only the window's epochs are recorded (scripts/nsys_options.sh); train_cifar.py checks
     # the window against --epochs and names it on its first line.
-    NSYS_PROFILE_OPTS+=("${NSYS_CAPTURE_OPTS[@]}")
+    use_capture_window
     epochs="$(option_of --epochs 30 "${train[@]}")"
     spec="$(option_of --profile-epochs "" "${train[@]}")"
     if [[ $epochs =~ ^[0-9]+$ ]] && captured="$(capture_window "$epochs" "$spec")"; then

@@ -38,7 +38,15 @@ NSYS_CAPTURE_OPTS=(
     --nvtx-capture=harness_capture
     --capture-range-end=stop
 )
-export NSYS_NVTX_PROFILER_REGISTER_ONLY=0
+
+# Profile train_cifar.py with the capture window: adds NSYS_CAPTURE_OPTS to NSYS_PROFILE_OPTS
+# and tells the trainer (HARNESS_CAPTURE_WINDOW=1) that nsys records only inside the range, so
+# that it keeps its --profile-epochs window; under an nsys without these flags it records, and
+# says, the whole run.
+use_capture_window() {
+    NSYS_PROFILE_OPTS+=("${NSYS_CAPTURE_OPTS[@]}")
+    export NSYS_NVTX_PROFILER_REGISTER_ONLY=0 HARNESS_CAPTURE_WINDOW=1
+}
 
 # The window train_cifar.py will capture, in words, for a launch line: capture_window EPOCHS
 # [PROFILE_EPOCHS]. The rule is handler/train/capture.py's: without PROFILE_EPOCHS, epochs 1-2

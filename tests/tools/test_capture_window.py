@@ -67,3 +67,12 @@ def test_closing_the_window_stops_this_process_s_nvtx_ranges(monkeypatch):
     capture.after_epoch(1)
     assert capture.handle is None and not nvtx.ACTIVE
     assert nvtx.nvtx_range("epoch 2") is nvtx.nvtx_range("epoch 3")  # the shared no-op
+
+
+def test_without_the_capture_flags_the_whole_run_is_captured_and_its_ranges_go_on(monkeypatch):
+    """An nsys started without scripts/nsys_options.sh's capture flags (handler.compare, bench)
+    records everything: the window must not stop the ranges after epoch 2."""
+    monkeypatch.delenv("HARNESS_CAPTURE_WINDOW", raising=False)
+    assert Capture.start("", 30).window is None
+    monkeypatch.setenv("HARNESS_CAPTURE_WINDOW", "1")
+    assert Capture.start("", 30).window == (1, 2)
