@@ -18,12 +18,22 @@
 #    simulated first (apt-get -s), and a plan that would install, replace or remove any NVIDIA
 #    driver package stops here, in one line that says what to install by hand.
 #
+# 4. Where no driver is present (a CPU machine), Debian's package is never installed: its
+#    libcuda1 (CUDA 12, driver 535) makes torch warn in every process that "the NVIDIA driver
+#    on your system is too old", so a CPU box looks like a broken GPU box. Instead
+#    `apt-get download` fetches nsight-systems and nsight-systems-target into a private apt
+#    state (nothing added to /etc/apt), `dpkg -x` unpacks them into
+#    /opt/nsight-systems-debian/<version>, and only their dependencies that are not driver
+#    packages (libssh-4, libucx0, ...) are installed with apt, after a simulation that refuses
+#    any NVIDIA driver package. No libcuda reaches the machine (docs/PROFILING.md).
+#
 # NSYS_INSTALL_SYSROOT (empty) prefixes every system path this script reads or writes; the
 # tests point it at a fake machine and put fake apt-get, dpkg and nvidia-smi first on PATH.
 set -euo pipefail
 
 ROOTFS="${NSYS_INSTALL_SYSROOT:-}"
 say() { echo "install_nsys: $*" >&2; }
+PRIVATE="$ROOTFS/opt/nsight-systems-debian"  # unpacked, driver-free installs (point 4 above)
 MANUAL="get Nsight Systems from https://developer.nvidia.com/nsight-systems (or a CUDA repo) and put nsys on PATH"
 # Packages that are (part of) an NVIDIA driver's user space, Debian's and Ubuntu's names.
 DRIVER_PACKAGES='^(libcuda1|libcuda\.so\.1|libcudadebugger1|libnvcuvid1|libnvoptix1|libnvidia-.*|nvidia-smi|nvidia-alternative|glx-alternative-nvidia|nvidia-installer-cleanup|nvidia-legacy-check|nvidia-support|nvidia-persistenced|nvidia-modprobe|nvidia-settings|nvidia-driver.*|nvidia-kernel-.*|nvidia-open-kernel-.*|nvidia-dkms-.*|nvidia-utils-.*|nvidia-compute-utils-.*|nvidia-vdpau-driver|nvidia-egl-.*|nvidia-opencl-icd|nvidia-vulkan-icd|nvidia-fabricmanager.*|libgl1-nvidia-.*|libglx-nvidia0|libegl-nvidia0|libgles-nvidia.*|xserver-xorg-video-nvidia.*|firmware-nvidia-.*|cuda-drivers.*)$'
@@ -33,7 +43,8 @@ candidates() {
     command -v nsys 2>/dev/null || true
     local pattern
     for pattern in "$ROOTFS/opt/nvidia/nsight-systems*/*/bin/nsys" "$ROOTFS/opt/nvidia/nsight-systems*/bin/nsys" \
-                   "$ROOTFS/usr/local/cuda*/bin/nsys" "$ROOTFS/usr/lib/nsight-systems/bin/nsys"; do
+                   "$ROOTFS/usr/local/cuda*/bin/nsys" "$ROOTFS/usr/lib/nsight-systems/bin/nsys" \
+                   "$PRIVATE/*/usr/lib/nsight-systems/bin/nsys"; do
         compgen -G "$pattern" | sort -rV || true
     done
     if dpkg -L nsight-systems >/dev/null 2>&1; then
@@ -102,6 +113,76 @@ apt_install() {
     "${SUDO[@]}" apt-get install -y "$@"
 }
 
+# Debian's packages that nsight-systems(-target) need and this machine lacks, except the
+# driver: a dependency with any NVIDIA driver package among its alternatives is left out.
+missing_dependencies() {
+    local deb group
+    for deb in "$@"; do dpkg-deb -f "$deb" Depends; done | tr ',' '\n' | while read -r group; do
+        group="$(sed -E 's/\([^)]*\)//g; s/:any//g; s/[[:space:]]//g' <<<"$group")"
+        [[ -z $group || $group == nsight-systems* ]] && continue
+        tr '|' '\n' <<<"$group" | grep -qE "$DRIVER_PACKAGES" && continue
+        group="${group%%|*}"
+        [[ "$(dpkg-query -W -f='${db:Status-Status}' "$group" 2>/dev/null)" == installed ]] || echo "$group"
+    done | sort -u
+}
+
+# No driver on this Debian machine: download and unpack nsys, never install a driver library.
+private_install() {
+    local work version dest deb deps plan touched
+    work="$(mktemp -d -t nsys-install-XXXXXX)"
+    trap 'rm -rf "$work"' EXIT
+    mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/parts"
+    local keyring=/usr/share/keyrings/debian-archive-keyring.gpg signed=""
+    [[ -r $keyring ]] && signed="[signed-by=$keyring] "
+    printf 'deb %shttp://deb.debian.org/debian %s contrib non-free\n' "$signed" "$VERSION_CODENAME" >"$work/sources.list"
+    # A private apt state: the machine's sources and lists stay as they are. As root, apt
+    # would hand the download to its _apt user, who cannot write into this folder.
+    local apt=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=$work/parts"
+               -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o APT::Sandbox::User=root)
+    say "no NVIDIA driver here: unpacking Debian's nsight-systems into $PRIVATE, without its libcuda1"
+    apt-get "${apt[@]}" update >&2 || { say "apt-get update of contrib/non-free failed; $MANUAL"; exit 1; }
+    (cd "$work" && apt-get "${apt[@]}" download nsight-systems nsight-systems-target >&2) \
+        || { say "apt-get download nsight-systems failed; $MANUAL"; exit 1; }
+    mapfile -t deps < <(missing_dependencies "$work"/*.deb)
+    if [[ ${#deps[@]} -gt 0 ]]; then
+        "${SUDO[@]}" apt-get update >&2
+        plan="$(apt-get -s install -y --no-install-recommends "${deps[@]}" 2>&1)" \
+            || { say "apt-get -s install ${deps[*]} failed: $(tail -n 1 <<<"$plan"); $MANUAL"; exit 1; }
+        touched="$(awk '$1 == "Inst" {sub(/:.*/, "", $2); print $2}' <<<"$plan" | grep -E "$DRIVER_PACKAGES" \
+                   | sort -u | paste -sd, - || true)"
+        [[ -z $touched ]] || { say "not installing nsys's dependencies ${deps[*]}: apt would also install NVIDIA driver packages ($touched); $MANUAL"; exit 3; }
+        "${SUDO[@]}" apt-get install -y --no-install-recommends "${deps[@]}" >&2
+    fi
+    version="$(dpkg-deb -f "$(ls "$work"/nsight-systems_*.deb)" Version | sed 's/~.*//')"
+    dest="$PRIVATE/$version"
+    "${SUDO[@]}" rm -rf "$dest.partial"
+    "${SUDO[@]}" mkdir -p "$dest.partial"
+    for deb in "$work"/*.deb; do "${SUDO[@]}" dpkg -x "$deb" "$dest.partial"; done
+    # nsys looks for its importer under the multiarch path, as for the installed package.
+    local multiarch="$dest.partial/usr/lib/x86_64-linux-gnu/nsight-systems"
+    if [[ -d $multiarch && -d $dest.partial/usr/lib/nsight-systems/host-linux-x64 ]]; then
+        "${SUDO[@]}" ln -sfn ../../nsight-systems/host-linux-x64 "$multiarch/host-linux-x64"
+    fi
+    # Links into the system's folders (host-linux-x64/libssh.so -> ../../x86_64-linux-gnu/
+    # libssh.so.4) would point inside the private folder: point them at the system's file.
+    local link target
+    while read -r link; do
+        target="$(readlink "$link")"
+        [[ $target == /* ]] && continue
+        target="$(realpath -m -s "/${link#"$dest.partial/"}/../$target")"
+        [[ -e $ROOTFS$target ]] && "${SUDO[@]}" ln -sfn "$ROOTFS$target" "$link"
+    done < <(find "$dest.partial" -type l ! -exec test -e {} \; -print)
+    if find "$dest.partial" -name 'libcuda.so*' | grep -q .; then
+        "${SUDO[@]}" rm -rf "$dest.partial"
+        say "the unpacked nsight-systems holds a libcuda; not using it; $MANUAL"
+        exit 1
+    fi
+    "${SUDO[@]}" rm -rf "$dest"
+    "${SUDO[@]}" mv "$dest.partial" "$dest"
+    rm -rf "$work"
+    trap - EXIT
+}
+
 if [[ ${1:-} == --find ]]; then
     find_nsys
     exit
@@ -112,6 +193,12 @@ if [[ $(id -u) -ne 0 ]]; then
     SUDO=(sudo)
 fi
 
+if ! driver_version >/dev/null \
+        && [[ "$(dpkg-query -W -f='${db:Status-Status}' libcuda1 2>/dev/null)" == installed ]]; then
+    say "WARNING: libcuda1 is installed but no NVIDIA driver runs here, so torch warns in every process" \
+        "that the driver is too old (an earlier install_nsys.sh brought it with Debian's nsight-systems);" \
+        "remove it with: apt-get purge libcuda1 nsight-systems nsight-systems-target, then run this script again"
+fi
 if found="$(find_nsys)"; then
     use_nsys "$found"
     exit 0
@@ -125,6 +212,13 @@ fi
 [[ -r $ROOTFS/etc/os-release ]] && . "$ROOTFS/etc/os-release"
 case "${ID:-}" in
     debian)
+        if ! driver_version >/dev/null; then
+            [[ -n ${VERSION_CODENAME:-} ]] || { say "no VERSION_CODENAME in /etc/os-release; $MANUAL"; exit 1; }
+            private_install
+            found="$(find_nsys)" || { say "unpacked, but no working nsys under $PRIVATE; $MANUAL"; exit 1; }
+            use_nsys "$found"
+            exit 0
+        fi
         sources=$ROOTFS/etc/apt/sources.list.d/debian-nonfree.sources
         added=""
         # Skip when non-free is already configured: apt warns about duplicate sources.

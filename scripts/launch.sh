@@ -10,6 +10,8 @@
 # PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
 # GPU_METRICS 0|1 (0): nsys GPU metrics sampling  NSYS_INSTALLER (scripts/install_nsys.sh)
 # NSYS_EXIT_TIMEOUT (120): seconds without progress after training finished before nsys is ended
+# PROFILE_EPOCHS (epochs 1:2 of runs longer than 3 epochs, else all): the epochs nsys captures,
+#   A:B (0-based, inclusive) or all; train_cifar.py --profile-epochs, docs/PROFILING.md
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +33,8 @@ case "$PROFILE" in auto|1|0) ;; *) die "PROFILE='$PROFILE' is not auto, 1 or 0" 
 NSYS_EXIT_TIMEOUT="${NSYS_EXIT_TIMEOUT:-120}"
 [[ "$NSYS_EXIT_TIMEOUT" =~ ^[1-9][0-9]*$ ]] \
     || die "NSYS_EXIT_TIMEOUT='$NSYS_EXIT_TIMEOUT' is not a positive number of seconds; e.g. NSYS_EXIT_TIMEOUT=300"
+[[ -z "${PROFILE_EPOCHS:-}" || "$PROFILE_EPOCHS" =~ ^(all|[0-9]+(:[0-9]+)?)$ ]] \
+    || die "PROFILE_EPOCHS='$PROFILE_EPOCHS' is not A:B or all; e.g. PROFILE_EPOCHS=1:2 (0-based epochs, inclusive)"
 case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1; use GPU_METRICS=1 to sample GPU metrics (GPU runs)" ;; esac
 if [[ $PROFILE == auto ]] && ! command -v nsys >/dev/null 2>&1 \
         && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
@@ -102,9 +106,25 @@ if [[ $device == cpu ]]; then
     smoke=(--model resnet20 --epochs 2 --dataset synthetic --valid-size 1000)
     say "no GPU visible: CPU smoke configuration (${smoke[*]}); arguments you pass override it"
 fi
+window=()
+[[ -n "${PROFILE_EPOCHS:-}" ]] && window=(--profile-epochs "$PROFILE_EPOCHS")
 # The smoke defaults come first so that argparse lets the caller's arguments win.
 train=("$PYTHON" "$ROOT/train_cifar.py" --mode "$MODE" --num_gpu "$NUM_GPUS" --data "$DATA_DIR"
-       --ckpt "$CKPT_DIR" --metrics "$metrics" "${smoke[@]}" "$@")
+       --ckpt "$CKPT_DIR" --metrics "$metrics" "${smoke[@]}" "${window[@]}" "$@")
+
+# The value of option $1 that train_cifar.py will see (the last one given), else $2.
+option_of() {
+    local name="$1" value="$2"
+    shift 2
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            "$name") value="${2:-}"; shift ;;
+            "$name"=*) value="${1#"$name"=}" ;;
+        esac
+        shift
+    done
+    echo "$value"
+}
 
 # nsys starts the program with umask 000; the program restores this one first thing, so its
 # checkpoints, metrics and data are never world-writable (handler/runtime/umask.py).
@@ -126,6 +146,15 @@ if [[ $profiled == 1 ]]; then
     fi
     # The trainer records this as env.nsys in its metrics.
     export HARNESS_NSYS="$(nsys --version | sed 's/.*version //')"
+    # Only the window's epochs are recorded (scripts/nsys_options.sh); train_cifar.py checks
+    # the window against --epochs and names it on its first line.
+    use_capture_window
+    epochs="$(option_of --epochs 30 "${train[@]}")"
+    spec="$(option_of --profile-epochs "" "${train[@]}")"
+    if [[ $epochs =~ ^[0-9]+$ ]] && captured="$(capture_window "$epochs" "$spec")"; then
+        [[ $captured == all* ]] && captured="the whole run ($captured)" || captured+="; the other epochs train unprofiled"
+        say "nsys captures $captured${spec:+ (--profile-epochs $spec)}"
+    fi
     # nsys stays in the foreground (Ctrl-C reaches it as before); a watchdog ends it by PID if
     # it is stuck after training finished (scripts/nsys_watch.sh).
     watch_dir="$(mktemp -d -t launch-nsys-XXXXXX)"

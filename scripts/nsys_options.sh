@@ -27,6 +27,45 @@ NSYS_PROFILE_OPTS=(
     --force-overwrite=true
 )
 
+# The capture window (docs/PROFILING.md, "Capture window"): nsys records only while the NVTX
+# range handler/runtime/nvtx.py's CAPTURE_RANGE is open; the trainer opens it before the first
+# captured epoch and closes it after the last (--profile-epochs). For train_cifar.py runs only:
+# a program that never opens the range leaves no report. Same flags from nsys 2022.4 (checked
+# here) to 2025.x. NSYS_NVTX_PROFILER_REGISTER_ONLY=0: nsys otherwise matches only registered
+# NVTX strings, and torch.cuda.nvtx's are not.
+NSYS_CAPTURE_OPTS=(
+    --capture-range=nvtx
+    --nvtx-capture=harness_capture
+    --capture-range-end=stop
+)
+
+# Profile train_cifar.py with the capture window: adds NSYS_CAPTURE_OPTS to NSYS_PROFILE_OPTS
+# and tells the trainer (HARNESS_CAPTURE_WINDOW=1) that nsys records only inside the range, so
+# that it keeps its --profile-epochs window; under an nsys without these flags it records, and
+# says, the whole run.
+use_capture_window() {
+    NSYS_PROFILE_OPTS+=("${NSYS_CAPTURE_OPTS[@]}")
+    export NSYS_NVTX_PROFILER_REGISTER_ONLY=0 HARNESS_CAPTURE_WINDOW=1
+}
+
+# The window train_cifar.py will capture, in words, for a launch line: capture_window EPOCHS
+# [PROFILE_EPOCHS]. The rule is handler/train/capture.py's: without PROFILE_EPOCHS, epochs 1-2
+# of runs longer than 3 epochs, else all.
+capture_window() {
+    local epochs="$1" spec="${2:-}"
+    if [[ -z $spec ]]; then
+        if (( epochs > 3 )); then spec=1:2; else spec=all; fi
+    fi
+    if [[ $spec == all ]]; then
+        echo "all $epochs epochs"
+    elif [[ $spec =~ ^([0-9]+)(:([0-9]+))?$ ]]; then
+        local first="${BASH_REMATCH[1]}" last="${BASH_REMATCH[3]:-${BASH_REMATCH[1]}}"
+        if (( first == last )); then echo "epoch $first of $epochs"; else echo "epochs $first-$last of $epochs"; fi
+    else
+        return 1
+    fi
+}
+
 # GPU metrics sampling (GPU_METRICS=1): SM active/issue/occupancy, DRAM and PCIe per GPU.
 # nsys renamed the flag: --gpu-metrics-device (2021.2-2023.x), --gpu-metrics-devices (2024.x on).
 # A short probe run finds out whether the driver grants counter access (ERR_NVGPUCTRPERM)

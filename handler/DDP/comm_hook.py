@@ -29,13 +29,15 @@ class NvtxRanges:
 
     @staticmethod
     def start(name: str):
+        """None once the profile's capture window has closed (handler/runtime/nvtx.py stop_ranges)."""
         from torch.cuda import nvtx as cuda_nvtx
-        return cuda_nvtx.range_start(name)
+        return cuda_nvtx.range_start(name) if nvtx.ACTIVE else None
 
     @staticmethod
     def end(handle) -> None:
         from torch.cuda import nvtx as cuda_nvtx
-        cuda_nvtx.range_end(handle)
+        if handle is not None:
+            cuda_nvtx.range_end(handle)
 
 
 def in_ranges(hook, ranges):

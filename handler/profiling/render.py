@@ -32,7 +32,20 @@ def one_line(summary: dict) -> str:
         parts += [f"gpu idle {pct(overall['gpu_idle_share'])}", f"nccl {pct(overall['nccl_share'])}"]
     if overall.get("comm_share") is not None:
         parts.append(f"comm {pct(overall['comm_share'])} (exposed {pct(overall['comm_exposed_share'])})")
-    return "profile: " + ", ".join(parts) + (" [GPU time]" if gpu else "")
+    window = covered(summary.get("capture_window")) if (summary.get("capture_window") or {}).get("outside") else ""
+    return "profile: " + ", ".join(parts) + (" [GPU time]" if gpu else "") + (f" [{window}]" if window else "")
+
+
+def covered(window: dict | None) -> str:
+    """"epochs 1-2 of 4": which epochs the report holds, of how many the run trained. The one
+    line names it only when the report leaves some of the run's epochs out."""
+    if not window or not window["epochs"]:
+        return ""
+    epochs, total = window["epochs"], window["run_epochs"]
+    span = f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}-{epochs[-1]}"
+    if len(epochs) != epochs[-1] - epochs[0] + 1:
+        span = "epochs " + ",".join(map(str, epochs))
+    return span + (f" of {total}" if total else "")
 
 
 def markdown(summary: dict, title: str) -> str:
@@ -41,7 +54,10 @@ def markdown(summary: dict, title: str) -> str:
     lines = [f"# Profile: {title}", "",
              f"{len(ranks)} rank(s), ranks from {summary['rank_source']}; {trace}.", "",
              f"`{one_line(summary)}`", ""]
-    lines += _section("Epoch time (s)", None, *_epoch_table(ranks))
+    window = summary.get("capture_window") or {}
+    outside = ", ".join(f"{o['epoch']}: {num(o['metrics_s'])} s" for o in window.get("outside") or [])
+    lines += _section("Epoch time (s)", f"This report covers {covered(window)}; the others were not captured. "
+                      f"Their times from the metrics JSON: {outside}." if outside else None, *_epoch_table(ranks))
     lines += _section("Training batches",
                       "Phase shares are of summed batch time; data-stall is time waiting for the loader.",
                       ["rank", "batches", "mean ms", "p50 ms", "p95 ms", "p99 ms",

@@ -69,6 +69,15 @@ def job_name(reports: list[Path]) -> str:
     return os.path.commonprefix(stems).rstrip("_-.") or "job"
 
 
+def capture_window(ranks: list[dict], metrics: dict | None) -> dict:
+    """The epochs this report covers (a capture window, docs/PROFILING.md, may leave some out),
+    how many the run trained, and the metrics JSON's time for each epoch outside the report."""
+    covered = sorted(set().union(*({e["epoch"] for e in r["epochs"]} for r in ranks)))
+    trained = [(entry.get("epoch", i), entry.get("time_s")) for i, entry in enumerate((metrics or {}).get("epochs") or [])]
+    return {"epochs": covered, "run_epochs": len(trained) if metrics else None,
+            "outside": [{"epoch": e, "metrics_s": t} for e, t in trained if e not in covered]}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     reports = reports_of(args.report)
@@ -76,11 +85,13 @@ def main(argv=None) -> None:
     metrics = load_metrics(args.metrics) if args.metrics else None
     if len(reports) == 1:
         analysis = summarize(load_trace(sqlite_export(reports[0], out_dir)), metrics)
+        analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
         name, title, extra = reports[0].stem, reports[0].name, []
         summary = {"report": str(reports[0]), "nsys_export_version": nsys_version(),
                    "one_line": one_line(analysis), **analysis}
     else:
         analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
+        analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
         name = job_name(reports)
         title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)
         summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),

@@ -44,3 +44,28 @@ def nvtx_range(name: str):
 def nvtx_mark(text: str) -> None:
     if ACTIVE:
         _nvtx.mark(text)
+
+
+# The NVTX range whose span nsys records when launch.sh asks for a capture range
+# (--nvtx-capture in scripts/nsys_options.sh); opened and closed by handler/train/capture.py.
+CAPTURE_RANGE = "harness_capture"
+
+
+def capture_start() -> int | None:
+    """Open the capture range: a start/end range, not a push, so that it can span epochs
+    (push/pop ranges form a stack and would end with the epoch that pushed it)."""
+    return _nvtx.range_start(CAPTURE_RANGE) if ACTIVE else None
+
+
+def capture_end(handle: int | None) -> None:
+    if handle is not None:
+        _nvtx.range_end(handle)
+
+
+def stop_ranges() -> None:
+    """No more NVTX from this process: called when the capture window closes. nsys records
+    for a while after the capture range ends (over a second on a loaded machine), so ranges
+    opened then would put part of the next epoch into the report; the rest of the run trains
+    without them, as unprofiled."""
+    global ACTIVE
+    ACTIVE = False

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from ..runtime.errors import UserError, need
+from .capture import check_profile_epochs
 from .mode import Mode
 
 PP_SCHEDULES = ("gpipe", "1f1b")  # --mode pp; handler/PP/schedule.py
@@ -62,6 +63,7 @@ class Config:
     bucket_cap_mb: float = 25.0
     static_graph: bool = False
     grad_as_bucket_view: bool = False
+    profile_epochs: str = ""  # "" = the default window (handler/train/capture.py), "all", or "A:B"
     # Filled per process by the mode's setup.
     use_cuda: bool = False
     world_size: int = 1
@@ -177,6 +179,9 @@ def build_parser(modes) -> argparse.ArgumentParser:
                    help="DDP static_graph: the same parameters get gradients every step")
     p.add_argument("--grad-as-bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view: gradients live in the buckets (one copy less)")
+    p.add_argument("--profile-epochs", default=d.profile_epochs, metavar="A:B",
+                   help="under nsys, capture only epochs A..B (0-based, inclusive), or `all`; default: "
+                        "epochs 1:2 for runs of more than 3 epochs, else all (docs/PROFILING.md)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (logs stay one line per epoch)")
     return p
@@ -268,6 +273,7 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
          f"{' '.join(changed)} tune{'s' if len(changed) == 1 else ''} DDP's gradient all-reduce; use --mode "
          f"{' or '.join(name for name, m in modes.items() if m.comm_hooks)}, or drop "
          f"{'it' if len(changed) == 1 else 'them'} for --mode {cfg.mode}")
+    check_profile_epochs(cfg.profile_epochs, cfg.epochs)
     need(cfg.nan_patience >= 1, f"--nan-patience {cfg.nan_patience}: use 1 or more steps")
     need(not (cfg.overwrite and cfg.resume is not None),
          "--overwrite starts afresh and --resume continues: pass one of them")

@@ -17,6 +17,7 @@ from .checkpoint import load_checkpoint, make_checkpoint, save_atomic, set_rng_s
 from ..runtime.cpu_memory import keep_freed_memory
 from ..runtime.cpu_precision import bf16_note
 from ..data.dataset import load_splits
+from .capture import Capture, describe
 from .divergence import Diverged, DivergenceGuard, parameters_finite
 from ..runtime.errors import StopRequested, UserError
 from .loop import Step, evaluate, train_epoch
@@ -24,7 +25,7 @@ from .metrics import MetricsFile, environment
 from .optimizer import build_sgd, settle
 from .model_options import checkpoint_stages
 from .strategy import Strategy
-from ..runtime.nvtx import nvtx_mark, nvtx_range
+from ..runtime.nvtx import nvtx_mark, nvtx_range, profiler_attached
 from ..runtime.stopping import StopFlag
 
 WARMUP_EPOCHS = 1
@@ -69,6 +70,7 @@ def fit(cfg, strategy: Strategy) -> dict:
         keep_freed_memory()  # else glibc maps and zeroes every step's activations afresh
     # Fixed input shapes: cuDNN's autotuner picks the fastest kernels once and reuses them.
     torch.backends.cudnn.benchmark = device.type == "cuda"
+    capture = Capture.start(cfg.profile_epochs, cfg.epochs)  # docs/PROFILING.md, "Capture window"
     nvtx_mark(f"rank {cfg.rank}")
     started = time.perf_counter()
     splits = load_splits(cfg)
@@ -114,17 +116,27 @@ def fit(cfg, strategy: Strategy) -> dict:
             rank0.say(cfg, f"warning: {note}", err=True)
     hosts = dist.hostnames()
     nvtx_mark(f"host {hosts[cfg.rank]}")  # the profile report names each rank's host
-    metrics = MetricsFile(cfg, environment(cfg, notes, hosts), history) if cfg.is_main else None
+    last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
+    capture.marks = (f"rank {cfg.rank}", f"host {hosts[cfg.rank]}")
+    capture_note = capture.fit_to(start_epoch, last_epoch)
+    if capture_note and profiler_attached():
+        notes += (capture_note,)
+        rank0.say(cfg, f"warning: {capture_note}", err=True)
+    profiled = describe(capture.window, cfg.epochs) if profiler_attached() else None
+    env = {**environment(cfg, notes, hosts), "profiled_epochs": capture.epochs(start_epoch, last_epoch)
+           if profiled else None}
+    metrics = MetricsFile(cfg, env, history) if cfg.is_main else None
     rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
-                   f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}")
+                   f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}"
+                   + (f", profiling {profiled}" if profiled else ""))
 
     stop = StopFlag()
     guard = DivergenceGuard(device, cfg.nan_patience if scaler.is_enabled() else 1)
     try:
-        last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
         for epoch in range(start_epoch, last_epoch):
             torch.manual_seed(epoch_seed(cfg, epoch))
+            capture.before_epoch(epoch)
             first_step, start_step = start_step, 0
             with rank0.progress(cfg, len(loaders.train), f"epoch {epoch + 1}/{cfg.epochs}") as bar:
                 train = train_epoch(step, loaders.train, epoch, device, bar, stop=stop, guard=guard,
@@ -146,6 +158,7 @@ def fit(cfg, strategy: Strategy) -> dict:
                 metrics.add_epoch(record)
                 _report_epoch(cfg, record)
             save(epochs_done=epoch + 1, step=0, best_acc=best_acc, history=history, improved=improved)
+            capture.after_epoch(epoch)
     except Diverged:
         if not cfg.is_main:
             raise SystemExit(2) from None  # every rank agreed; rank 0 says it once
@@ -154,6 +167,7 @@ def fit(cfg, strategy: Strategy) -> dict:
         stop.close()
 
     test = evaluate_on(loaders.test, "test")
+    capture.close_run()
     total = time.perf_counter() - started
     if cfg.is_main:
         metrics.finish(test, total)

@@ -148,3 +148,59 @@ def test_unknown_mode_fails_in_one_line(tmp_path):
 @pytest.mark.parametrize("count", ["0", "-1", "two"])
 def test_bad_num_gpus_fails_in_one_line(tmp_path, count):
     assert_one_line_failure(launch(tmp_path, MODE="ddp", NUM_GPUS=count), f"NUM_GPUS='{count}'", "positive integer")
+
+
+# ---- the capture window (docs/PROFILING.md, "Capture window") --------------------------------
+WINDOW_EPOCHS = 4
+WINDOW_RUN = ["--model", "resnet20", "--epochs", str(WINDOW_EPOCHS), "--dataset", "synthetic",
+              "--synthetic-train", "128", "--synthetic-test", "64", "--batch-size", "64", "--workers", "0",
+              "--valid-size", "0", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """{window: (finished launch, its log folder)}: the same 4-epoch 2-rank run captured with
+    PROFILE_EPOCHS=1:2 and whole (all)."""
+    require_nsys()
+    runs = {}
+    for window in ("1:2", "all"):
+        tmp_path = tmp_path_factory.mktemp("window")
+        with one_at_a_time("nsys"):
+            run = launch(tmp_path, *WINDOW_RUN, MODE="ddp", PROFILE="1", PROFILE_EPOCHS=window, budget=60)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        runs[window] = run, tmp_path / "logs"
+    return runs
+
+
+def test_a_window_1_2_report_holds_exactly_epochs_1_and_2_on_every_rank(windowed):
+    run, logs = windowed["1:2"]
+    summary = json.loads((logs / f"ddp_cpu{RANKS}.summary.json").read_text())
+    assert summary["rank_source"] == "nvtx mark"  # the rank marks are re-emitted inside the window
+    assert [[e["epoch"] for e in r["epochs"]] for r in summary["ranks"]] == [[1, 2]] * RANKS
+    assert all(r["host"] for r in summary["ranks"])
+    assert all(r["batches"]["count"] == 2 * 2 for r in summary["ranks"])  # 2 epochs x 2 steps
+    assert summary["capture_window"]["epochs"] == [1, 2] and summary["capture_window"]["run_epochs"] == WINDOW_EPOCHS
+    assert summary["one_line"].endswith("[epochs 1-2 of 4]"), summary["one_line"]
+    assert "nsys captures epochs 1-2 of 4; the other epochs train unprofiled" in run.stderr
+    assert "profiling epochs 1-2 of 4" in run.stdout
+
+
+def test_a_windowed_run_still_has_every_epoch_in_its_metrics(windowed):
+    _, logs = windowed["1:2"]
+    metrics = json.loads((logs / f"ddp_cpu{RANKS}.metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == list(range(WINDOW_EPOCHS))
+    assert metrics["env"]["profiled_epochs"] == [1, 2] and metrics["config"]["profile_epochs"] == "1:2"
+    outside = json.loads((logs / f"ddp_cpu{RANKS}.summary.json").read_text())["capture_window"]["outside"]
+    assert [o["epoch"] for o in outside] == [0, 3] and all(o["metrics_s"] > 0 for o in outside)
+
+
+def test_a_windowed_report_is_much_smaller_than_a_whole_capture(windowed):
+    window, whole = (windowed[w][1] / f"ddp_cpu{RANKS}.nsys-rep" for w in ("1:2", "all"))
+    summary = json.loads((windowed["all"][1] / f"ddp_cpu{RANKS}.summary.json").read_text())
+    assert [[e["epoch"] for e in r["epochs"]] for r in summary["ranks"]] == [list(range(WINDOW_EPOCHS))] * RANKS
+    assert window.stat().st_size < 0.6 * whole.stat().st_size, (window.stat().st_size, whole.stat().st_size)
+
+
+@pytest.mark.parametrize("window", ["1-2", "x", "2:1:3"])
+def test_a_bad_profile_epochs_fails_in_one_line(tmp_path, window):
+    assert_one_line_failure(launch(tmp_path, MODE="ddp", PROFILE_EPOCHS=window), f"PROFILE_EPOCHS='{window}'", "A:B")

@@ -6,8 +6,10 @@ behind, SIGTERM ignored). One test runs the real nsys when it is installed.
 """
 import os
 import stat
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from tests.nsys_helpers import REPO, path_without_nsys, profile, require_nsys
 from tests.parallel import one_at_a_time
 
 LAUNCH = REPO / "scripts" / "launch.sh"
+WATCH = REPO / "scripts" / "nsys_watch.sh"
 FAKE_VERSION = "2022.4.2.1-fake"
 TINY = ["--dataset", "synthetic", "--synthetic-train", "64", "--synthetic-test", "32", "--batch-size", "32",
         "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1", "--model", "resnet20"]
@@ -118,6 +121,64 @@ def test_a_busy_nsys_is_still_ended_ten_timeouts_after_training_finished(tmp_pat
     assert run.returncode == 124, run.stderr[-3000:]
     last = run.stderr.strip().splitlines()[-1]
     assert "nsys was still running 10 s after training finished" in last and "report is kept" in last, last
+
+
+@contextmanager
+def core_hogs():
+    """`yes > /dev/null` on every core, as a busy machine: started here, ended here by PID."""
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def watch(tmp_path, script: str, timeout_s: int, budget: float) -> tuple:
+    """scripts/nsys_watch.sh over a bash `script` standing in for nsys, training finished.
+    Returns (seconds until the watchdog exited, its cause line or "", the stand-in's exit status)."""
+    metrics, pidfile, cause = tmp_path / "metrics.json", tmp_path / "nsys.pid", tmp_path / "cause"
+    metrics.write_text('{"total_time_s": 1.0}\n')
+    # In this session, as the hogs: with autogroup scheduling, a process in a session of its
+    # own would get its group's fair share whatever its nice value.
+    nsys = subprocess.Popen(["bash", "-c", script])
+    try:
+        pidfile.write_text(f"{nsys.pid}\n")
+        started = time.monotonic()
+        run = run_process(["bash", WATCH, pidfile, metrics, cause, str(timeout_s)], budget=budget)
+        elapsed = time.monotonic() - started
+        assert run.returncode == 0, run.stderr
+        return elapsed, cause.read_text().strip() if cause.exists() else "", nsys.wait(timeout=30)
+    finally:
+        if nsys.poll() is None:  # the stand-in this test started
+            nsys.kill()
+            nsys.wait()
+
+
+# A report writer starved on a loaded machine: niced to 19 beside a hog on every core, working
+# in 20 ms bursts (by the clock) for 8 s; it gets well under 2 % of a core.
+STARVED_WRITER = """exec nice -n 19 bash -c '
+end=$((SECONDS + 8))
+while ((SECONDS < end)); do
+    t=${EPOCHREALTIME/./}; while (( ${EPOCHREALTIME/./} - t < 20000 )); do :; done; sleep 0.08
+done'"""
+
+
+def test_a_starved_but_working_nsys_on_a_loaded_machine_is_never_ended(tmp_path):
+    """It waits in the run queue for the CPU it wants: that counts as progress (schedstat)."""
+    with core_hogs():
+        elapsed, cause, status = watch(tmp_path, STARVED_WRITER, timeout_s=2, budget=10)
+    assert cause == "" and status == 0, (cause, status)
+    assert elapsed > 7  # it watched the writer to its end
+
+
+def test_a_stuck_nsys_on_a_loaded_machine_is_still_ended_after_the_timeout(tmp_path):
+    with core_hogs():
+        elapsed, cause, status = watch(tmp_path, "sleep 120", timeout_s=2, budget=8)
+    assert cause.startswith("nsys made no progress for 2 s after training finished"), cause
+    assert status == -15 or status == 143, status  # SIGTERM, by PID
+    assert elapsed < 20
 
 
 @pytest.mark.parametrize("timeout", ["0", "2m", "-5"])
