@@ -37,7 +37,7 @@ def _client(host: str, port: int):
         socket.create_connection((host, port), timeout=STORE_TIMEOUT_S).close()
     except OSError:
         return None
-    return tdist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+    return tdist.TCPStore(host, port, is_master=False, wait_for_workers=False,  # pyright: ignore[reportPrivateImportUsage]  # public API; torch.distributed re-exports it without __all__
                           timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
 
 

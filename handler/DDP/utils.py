@@ -10,6 +10,8 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import List, Tuple, cast
 
 import torch
 import torch.distributed as tdist
@@ -18,7 +20,7 @@ import torch.distributed as tdist
 # that group for the life of the process, past destroy_process_group, so its gloo threads and
 # rank 0's store server ran into the interpreter's own teardown (an intermittent SIGABRT at exit).
 import torch.distributed.nn  # noqa: F401
-import torch.multiprocessing as mp
+import torch.multiprocessing.spawn as mp  # where start_processes lives: the package does not re-export it
 
 from ..runtime import dist
 from ..runtime.devices import cuda_status
@@ -65,12 +67,14 @@ def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
     ctx = mp.start_processes(func, args=args, nprocs=nprocs, join=False, start_method=method)
+    assert ctx is not None, "join=False returns the processes' context"
+    processes = cast(List[BaseProcess], ctx.processes)  # torch fills a list made as [None] * n
     signals_seen = []
 
     def forward(signum, frame):
         signals_seen.append(signum)
-        for proc in ctx.processes:
-            if proc.is_alive():
+        for proc in processes:
+            if proc.is_alive() and proc.pid is not None:  # None only before start()
                 os.kill(proc.pid, signal.SIGTERM if len(signals_seen) == 1 else signal.SIGKILL)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -121,7 +125,7 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
     return Rank(rank=rank, local_rank=local_rank, world_size=world, device=device, backend=backend)
 
 
-def store_address(cfg) -> tuple:
+def store_address(cfg) -> Tuple[str, int]:
     """Where the group's rendezvous store listens: torchrun's MASTER_ADDR:MASTER_PORT, else --host/--port."""
     if launched_by_torchrun():
         return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
