@@ -10,6 +10,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,9 +22,11 @@ from handler.runtime.cpu_memory import keep_freed_memory  # noqa: E402
 from handler.compare.provenance import hardware, now, versions  # noqa: E402
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
-    """--quick (seconds, for tests: numbers are not meaningful) and --json PATH."""
-    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
+def parser(doc: Optional[str]) -> argparse.ArgumentParser:
+    """--quick (seconds, for tests: numbers are not meaningful) and --json PATH.
+    `doc` is the script's docstring, None under python -OO."""
+    doc = doc or ""
+    p = argparse.ArgumentParser(description=doc.strip().partition("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     p.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds; for smoke tests")
     p.add_argument("--json", type=Path, help="also write the results JSON here")

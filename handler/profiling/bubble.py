@@ -86,7 +86,7 @@ def _gpu_view(pieces, batches, activity) -> dict | None:
             continue
         piece = lookup.innermost(a.tid if a.tid in lookup.by_thread else training, a.launched)
         i = bisect.bisect_right(starts, piece.start) - 1 if piece else -1
-        if i >= 0 and piece.end <= batches[i].end:
+        if piece and i >= 0 and piece.end <= batches[i].end:
             per_batch.setdefault(i, []).append((a, piece.name not in WAIT))
     if not per_batch:
         return None

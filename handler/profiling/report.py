@@ -19,7 +19,7 @@ from .trace import load_trace
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m handler.profiling.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m handler.profiling.report", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("report", type=Path, help=".nsys-rep from nsys profile (or its .sqlite export)")
     parser.add_argument("--out", type=Path,
                         help="folder for the summary and the SQLite export (default: next to the report)")
