@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, Dict
 
 from bench.common import ROOT, check_target, context, emit, parser, table
 from bench.comm_model import check, fit, scaling
@@ -37,9 +38,9 @@ CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "clust
 SHAPED = "node1"  # rank 0's host; its link is the path's only shaped hop
 DELAY_MS = 0.5
 PORT = 29400  # inside the cluster's namespaces nothing else listens
-FULL = dict(model="resnet20", batch=16, warmup=3, rounds=10, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
+FULL: Dict[str, Any] = dict(model="resnet20", batch=16, warmup=3, rounds=10, steps=3, bucket_cap_mb=0.25, powersgd_rank=2,
             rates=(1000, 200, 50, 10), held_out=50)
-QUICK = dict(FULL, rounds=8, rates=(1000, 50, 10))
+QUICK: Dict[str, Any] = dict(FULL, rounds=8, rates=(1000, 50, 10))
 TIMEOUT_S = 540
 # The per-GPU step for the scaling table. No GPU run of this repository has measured one
 # (README "GPU status"), so it is ASSUMED: ResNet-18 (CIFAR) is 0.56 GMAC per image, about

@@ -12,6 +12,7 @@ compression) and its contention with backward. The floor is the mean comm of the
 the wire cannot explain; beta (one for all hooks) is least squares on the rows' comm.
 """
 import math
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -27,7 +28,7 @@ def line_time(wire_bytes: float, rate_mbit: float) -> float:
 
 def fit(rows) -> dict:
     hooks = sorted({r["hook"] for r in rows})
-    params = {"hooks": {h: {"compute_s": _median([r["compute_s"] for r in rows if r["hook"] == h]),
+    params: Dict[str, Any] = {"hooks": {h: {"compute_s": _median([r["compute_s"] for r in rows if r["hook"] == h]),
                             "window_s": _median([r["window_s"] for r in rows if r["hook"] == h]),
                             "bytes_per_step": _median([r["bytes_per_step"] for r in rows if r["hook"] == h])}
                         for h in hooks}}
@@ -41,6 +42,7 @@ def fit(rows) -> dict:
             total += err
         if total < best[0]:
             best = (total, float(beta), floors)
+    assert best[2] is not None, "some beta gives a finite error"
     params["beta"] = best[1]
     for h in hooks:
         params["hooks"][h]["floor_s"] = best[2][h]
@@ -55,7 +57,7 @@ def _best_floor(comm, line) -> tuple:
     return floor, float(np.sum((np.maximum(floor, line) - comm) ** 2))
 
 
-def predict_step(params: dict, hook: str, rate_mbit: float, wire_bytes: float = None, latency_s: float = 0.0,
+def predict_step(params: dict, hook: str, rate_mbit: float, wire_bytes: Optional[float] = None, latency_s: float = 0.0,
                  messages: int = 0) -> float:
     h = params["hooks"][hook]
     wire = h["bytes_per_step"] if wire_bytes is None else wire_bytes

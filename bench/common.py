@@ -10,8 +10,8 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 from statistics import median
+from typing import TYPE_CHECKING, Optional, Union
 
 ROOT = Path(__file__).resolve().parents[1]
 BUSY_LOAD = 1.5  # a 1-minute load average above this at the start: other jobs are running
@@ -20,6 +20,9 @@ if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench
 
 from handler.runtime.cpu_memory import keep_freed_memory  # noqa: E402
 from handler.compare.provenance import hardware, now, versions  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
 
 
 def parser(doc: Optional[str]) -> argparse.ArgumentParser:
@@ -115,7 +118,7 @@ def make_step(model, steps_per_epoch: int):
                 scaler=torch.amp.GradScaler("cpu", enabled=False), autocast=nullcontext)
 
 
-def fixed_batches(count: int, batch: int, device="cpu", seed: int = 123):
+def fixed_batches(count: int, batch: int, device: Union[str, "torch.device"] = "cpu", seed: int = 123):
     """CIFAR-shaped random batches, made once: loaders play no part in the timing."""
     import torch
     g = torch.Generator().manual_seed(seed)
