@@ -20,7 +20,7 @@ import torch.distributed as tdist
 # that group for the life of the process, past destroy_process_group, so its gloo threads and
 # rank 0's store server ran into the interpreter's own teardown (an intermittent SIGABRT at exit).
 import torch.distributed.nn  # noqa: F401
-import torch.multiprocessing.spawn as mp  # where start_processes lives: the package does not re-export it
+from torch.multiprocessing.spawn import ProcessExitedException, start_processes  # the package re-exports them privately
 
 from ..runtime import dist
 from ..runtime.devices import cuda_status
@@ -66,7 +66,7 @@ def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
     method = start_method(use_cuda)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
-    ctx = mp.start_processes(func, args=args, nprocs=nprocs, join=False, start_method=method)
+    ctx = start_processes(func, args=args, nprocs=nprocs, join=False, start_method=method)
     assert ctx is not None, "join=False returns the processes' context"
     processes = cast(List[BaseProcess], ctx.processes)  # torch fills a list made as [None] * n
     signals_seen = []
@@ -81,7 +81,7 @@ def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
     try:
         while not ctx.join(grace_period=GRACE_S):
             pass
-    except mp.ProcessExitedException as err:
+    except ProcessExitedException as err:
         # 2: the rank printed its one-line reason. 128+n: it stopped on signal n and said so.
         if err.exit_code == 2 or (err.exit_code or 0) > 128:
             raise SystemExit(err.exit_code) from None
