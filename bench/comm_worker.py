@@ -73,6 +73,7 @@ def timed_step(ddp, optimizer, images, labels, recorder) -> dict:
     buckets = recorder.take()
     ranges = [Range("backward", backward_start, backward_end), *buckets]
     stats = comm_stats(ranges, [Range("batch 0", start, end)], None)
+    assert stats is not None, "the recorder saw the buckets' allreduce ranges"
     launches = sorted(b.start for b in buckets)
     # What comm can hide behind: backward compute between the first and the last bucket launch.
     window = length(intersect(merge([(launches[0], launches[-1])]), merge([(backward_start, backward_end)])))
@@ -156,7 +157,7 @@ def cells_arg(text: str) -> list:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.comm_worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.comm_worker", description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--master", required=True, help="rank 0's host name or address")

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 from statistics import median
+from typing import TYPE_CHECKING, Optional, Union
 
 ROOT = Path(__file__).resolve().parents[1]
 BUSY_LOAD = 1.5  # a 1-minute load average above this at the start: other jobs are running
@@ -20,10 +21,15 @@ if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench
 from handler.runtime.cpu_memory import keep_freed_memory  # noqa: E402
 from handler.compare.provenance import hardware, now, versions  # noqa: E402
 
+if TYPE_CHECKING:
+    import torch
 
-def parser(doc: str) -> argparse.ArgumentParser:
-    """--quick (seconds, for tests: numbers are not meaningful) and --json PATH."""
-    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
+
+def parser(doc: Optional[str]) -> argparse.ArgumentParser:
+    """--quick (seconds, for tests: numbers are not meaningful) and --json PATH.
+    `doc` is the script's docstring, None under python -OO."""
+    doc = doc or ""
+    p = argparse.ArgumentParser(description=doc.strip().partition("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     p.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds; for smoke tests")
     p.add_argument("--json", type=Path, help="also write the results JSON here")
@@ -112,7 +118,7 @@ def make_step(model, steps_per_epoch: int):
                 scaler=torch.amp.GradScaler("cpu", enabled=False), autocast=nullcontext)
 
 
-def fixed_batches(count: int, batch: int, device="cpu", seed: int = 123):
+def fixed_batches(count: int, batch: int, device: Union[str, "torch.device"] = "cpu", seed: int = 123):
     """CIFAR-shaped random batches, made once: loaders play no part in the timing."""
     import torch
     g = torch.Generator().manual_seed(seed)

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
+from typing import Any, Dict
 
 import torch
 
@@ -31,8 +32,8 @@ from handler.DDP.model import model_to_DDP
 from handler.DDP.utils import destroy_process, initialize_group, run_process
 from models import build_model
 
-FULL = dict(model="resnet20", batch=128, warmup=3, steps=12, rounds=5)
-QUICK = dict(model="resnet20", batch=8, warmup=1, steps=2, rounds=1)
+FULL: Dict[str, Any] = dict(model="resnet20", batch=128, warmup=3, steps=12, rounds=5)
+QUICK: Dict[str, Any] = dict(model="resnet20", batch=8, warmup=1, steps=2, rounds=1)
 CONTROL = "2 ranks x 1 thread, no all-reduce"
 CONFIGS = {"1 rank x 1 thread": (1, 1, True), "2 ranks x 1 thread": (2, 1, True),
            "1 rank x 2 threads": (1, 2, True), CONTROL: (2, 1, False)}

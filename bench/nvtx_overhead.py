@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
+from typing import Any, Dict
 
 from bench.common import ROOT, alternate, context, emit, fixed_batches, make_step, parser, ratio, table
 
@@ -77,7 +78,7 @@ def main():
     n = 20_000 if args.quick else 500_000
     off, on = per_range_ns(False, n), per_range_ns(True, n)
     step_s = step_seconds(3 if args.quick else 20, 128)
-    results = {"range_ns_off": off, "range_ns_on": on, "step_s_resnet20_b128": step_s,
+    results: Dict[str, Any] = {"range_ns_off": off, "range_ns_on": on, "step_s_resnet20_b128": step_s,
                "share_of_step_off": RANGES_PER_STEP * off * 1e-9 / step_s,
                "share_of_step_on": RANGES_PER_STEP * on * 1e-9 / step_s}
     rows = [["range off (no profiler)", off, 100 * results["share_of_step_off"]],

@@ -17,6 +17,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Dict
 
 import torch
 
@@ -25,12 +26,12 @@ from handler.runtime.cpu_memory import keep_freed_memory
 from handler.train.loop import _optimise
 from handler.DDP.utils import destroy_process, initialize_group, run_process
 from handler.profiling.bubble import theoretical_bubble
-from handler.PP.schedule import model_to_pipeline
+from handler.PP.schedule import Pipeline, model_to_pipeline
 from handler.PP.step import pipeline_step
 from models import build_model
 
-FULL = dict(model="resnet20", batch=64, warmup=2, steps=6, microbatches=(1, 2, 4, 8))
-QUICK = dict(model="resnet20", batch=8, warmup=1, steps=1, microbatches=(1, 2))
+FULL: Dict[str, Any] = dict(model="resnet20", batch=64, warmup=2, steps=6, microbatches=(1, 2, 4, 8))
+QUICK: Dict[str, Any] = dict(model="resnet20", batch=8, warmup=1, steps=1, microbatches=(1, 2))
 
 
 class SavedActivations:
@@ -93,7 +94,7 @@ def worker(proc_id, world, schedule, m, port, size, out):
         for images, labels in batches[:size["warmup"]]:
             run(step, images, labels)
         saved = SavedActivations(raw.parameters())
-        busy0 = model.stage.busy_s if schedule else 0.0
+        busy0 = model.stage.busy_s if isinstance(model, Pipeline) else 0.0
         inside = 0.0
         torch.distributed.barrier()
         start = time.perf_counter()
@@ -104,7 +105,7 @@ def worker(proc_id, world, schedule, m, port, size, out):
             inside += time.perf_counter() - t
         torch.distributed.barrier()
         elapsed = time.perf_counter() - start
-        busy = (model.stage.busy_s - busy0) if schedule else inside
+        busy = (model.stage.busy_s - busy0) if isinstance(model, Pipeline) else inside
         row = {"rank": me.rank, "param_bytes": sum(p.numel() * p.element_size() for p in raw.parameters()),
                "activation_peak_bytes": saved.peak, "bubble": 1 - busy / inside,
                "images_per_s": size["steps"] * size["batch"] / elapsed}

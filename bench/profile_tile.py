@@ -45,9 +45,9 @@ def _span(db, tables) -> tuple[int, int]:
 
 
 def _repeat(db, table: str, copies: int, period: int, corr: int) -> None:
-    columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+    columns: list[str] = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
     shifted = {"start": "start + k * ?1", "end": "end + k * ?1", "correlationId": "correlationId + k * ?2"}
-    select = ", ".join(shifted.get(c, c) for c in columns)
+    select = ", ".join(shifted[c] if c in shifted else c for c in columns)
     db.execute(f"CREATE TEMP TABLE source AS SELECT * FROM {table}")
     db.execute(f"WITH RECURSIVE n(k) AS (SELECT 1 WHERE ?3 >= 1 UNION ALL SELECT k + 1 FROM n WHERE k < ?3) "
                f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM n, source ORDER BY k, start",

@@ -4,17 +4,21 @@ Three conv groups (conv, max-pool, BN, GELU, conv, BN, GELU), global max-pool an
 scaled linear head. Meant for a fast recipe (about 10 epochs); see the README for
 its status: the time-to-accuracy target is recorded there, not guessed here.
 """
+from typing import List
+
 import torch.nn as nn
+
+from .staged import StagedModel
 
 
 def _conv_bn(cin: int, cout: int, pool: bool = False) -> nn.Sequential:
-    layers = [nn.Conv2d(cin, cout, 3, padding=1, bias=False)]
+    layers: List[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1, bias=False)]
     if pool:
         layers.append(nn.MaxPool2d(2))
     return nn.Sequential(*layers, nn.BatchNorm2d(cout), nn.GELU())
 
 
-class FastNet(nn.Module):
+class FastNet(StagedModel):
     def __init__(self, widths=(64, 256, 256, 256), num_classes: int = 10, head_scale: float = 1 / 9):
         super().__init__()
         self.stem = _conv_bn(3, widths[0])

@@ -2,6 +2,8 @@
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .staged import StagedModel
+
 
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, shortcut: str):
@@ -37,7 +39,7 @@ class _PadShortcut(nn.Module):
         return F.pad(x, (0, 0, 0, 0, half, self.extra - half))
 
 
-class ResNet(nn.Module):
+class ResNet(StagedModel):
     """Stem, stages of BasicBlocks, global average pool, linear head.
 
     `stages` is a ModuleList so wrappers (activation checkpointing) can treat each stage alone.

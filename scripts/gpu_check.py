@@ -249,7 +249,7 @@ def run_all(checks: List[Check], runner, say=print) -> List[Result]:
 
 def environment() -> dict:
     import torch
-    from handler.train.metrics import _dali_version
+    from handler.train.metrics import dali_version
     smi = shutil.which("nvidia-smi")
     driver = None
     if smi:
@@ -259,7 +259,7 @@ def environment() -> dict:
     count = torch.cuda.device_count()
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "gpu": torch.cuda.get_device_name(0), "gpus": count, "driver": driver,
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "dali": _dali_version()}
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "dali": dali_version()}
 
 
 def write_reports(results: List[Result], env: dict, out: Path) -> Tuple[Path, Path]:
@@ -293,7 +293,7 @@ def module_present(name: str) -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--out", default="gpu_check", help="folder for the table, the JSON and the runs' logs")
     p.add_argument("--no-tests", dest="tests", action="store_false", help="leave out the gpu-marked tests")
     args = p.parse_args(argv)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the test suite needs, then the suite. Used by CI and by the README.
+# Everything the test suite needs, the type check, then the suite. Used by CI and by the README.
 # Two pytest-xdist workers by default (TEST_WORKERS=N for N, 0 for one process);
 # tests/parallel.py keeps the tests that share a module's fixture on one worker. Every process
 # runs with OMP_WAIT_POLICY=PASSIVE (tests/conftest.py): with spinning OpenMP threads, two
@@ -14,5 +14,14 @@ if ! bash scripts/install_nsys.sh; then
     fi
     echo "test: Nsight Systems unavailable: profiling tests will be skipped" >&2
 fi
+# The static type check first (pyrightconfig.json: pyright's basic mode over the product code,
+# docs/GPU_CHECK.md#the-static-type-check): a type error fails the run as a failed test does.
+started=$SECONDS
+if ! types="$(.venv/bin/basedpyright 2>&1)"; then
+    printf '%s\n' "$types" >&2
+    echo "test: type check failed ($(tail -n 1 <<<"$types")); fix them, or see them again with .venv/bin/basedpyright" >&2
+    exit 1
+fi
+echo "test: type check: $(tail -n 1 <<<"$types") ($((SECONDS - started)) s)"
 workers="${TEST_WORKERS:-2}"
 exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"

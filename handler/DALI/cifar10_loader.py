@@ -63,7 +63,9 @@ def get_DALI_loader(cfg, splits, source=None) -> Loaders:
         return DALILoader(lambda epoch: CifarPipeline(cfg, pixels, labels, order, source=source, train=False),
                           shard_size(len(labels), cfg.rank, cfg.world_size), cfg.local_batch)
 
-    return Loaders(train_loader(*splits.train), eval_loader(*splits.valid), eval_loader(*splits.test))
+    train, valid, test = train_loader(*splits.train), eval_loader(*splits.valid), eval_loader(*splits.test)
+    assert test is not None, "read_cifar refuses an empty test set"
+    return Loaders(train, valid, test)
 
 
 def padded_permutation(n: int, world: int, seed: int, epoch: int) -> np.ndarray:

@@ -3,12 +3,14 @@
 Imports DALI at the top: reach it through cifar10_loader, which checks DALI first.
 """
 import math
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 import torch
-from nvidia.dali import Pipeline, fn, types
-from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+from nvidia.dali import fn, types
+from nvidia.dali.pipeline import Pipeline
+from nvidia.dali.plugin.base_iterator import LastBatchPolicy
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from ..data.augment import MEAN, PAD, STD
 from ..runtime.nvtx import nvtx_range
@@ -70,7 +72,7 @@ def _from_files(cfg, files, labels, *, decode: bool, train: bool):
         shard_id=cfg.rank, num_shards=cfg.world_size, stick_to_shard=True,
         random_shuffle=train, pad_last_batch=True)
     if decode:
-        images = fn.decoders.image(data, device="mixed" if cfg.use_cuda else "cpu", output_type=types.RGB)
+        images = fn.decoders.image(data, device="mixed" if cfg.use_cuda else "cpu", output_type=types.DALIImageType.RGB)
     else:
         images = fn.reshape(data, shape=[SIZE, SIZE, 3], layout="HWC")
         images = images.gpu() if cfg.use_cuda else images
@@ -110,7 +112,7 @@ class BatchFeed:
 
 
 def _normalise(images, **crop_and_flip):
-    return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+    return fn.crop_mirror_normalize(images, dtype=types.DALIDataType.FLOAT, output_layout="CHW",
                                     mean=[255 * m for m in MEAN], std=[255 * s for s in STD], **crop_and_flip)
 
 
@@ -118,7 +120,7 @@ def _augment_read(images):
     # An anchor in [-PAD, PAD] with zero fill is RandomCrop(32, padding=PAD) exactly.
     # start/shape as named arguments stay CPU-side; positional anchor/shape inputs of a
     # GPU slice would become GPU constants that DALI copies back and syncs on every batch.
-    shift = fn.random.uniform(values=list(range(-PAD, PAD + 1)), shape=2, dtype=types.INT32)
+    shift = fn.random.uniform(values=list(range(-PAD, PAD + 1)), shape=2, dtype=types.DALIDataType.INT32)
     images = fn.slice(images, start=shift, shape=[SIZE, SIZE],
                       axis_names="HW", out_of_bounds_policy="pad", fill_values=0)
     return _normalise(images, mirror=fn.random.coin_flip(probability=0.5))
@@ -126,8 +128,8 @@ def _augment_read(images):
 
 def _cutout(images, size: int):
     # Same square as augment.Cutout: centred on a uniform pixel, clipped at the border.
-    centre = fn.random.uniform(values=list(range(SIZE)), shape=2, dtype=types.INT32)
-    return fn.erase(images, anchor=fn.cast(centre - size // 2, dtype=types.FLOAT),
+    centre = fn.random.uniform(values=list(range(SIZE)), shape=2, dtype=types.DALIDataType.INT32)
+    return fn.erase(images, anchor=fn.cast(centre - size // 2, dtype=types.DALIDataType.FLOAT),
                     shape=[float(size)] * 2, axis_names="HW", fill_value=0.0)
 
 
@@ -160,7 +162,7 @@ class DALILoader:
         self.iterator = None  # release the old pipeline before building the next
         pipe = self.make(epoch)
         # A reader knows its shard's size; a memory feed ends its pass with StopIteration.
-        extent = {"reader_name": pipe.reader_name} if pipe.reader_name else {"size": -1}
+        extent: Dict[str, Any] = {"reader_name": pipe.reader_name} if pipe.reader_name else {"size": -1}
         self.iterator = DALIGenericIterator([pipe], ["images", "labels"], auto_reset=True,
                                             last_batch_policy=self.policy, **extent)
         self.epoch, self.used = epoch, False
@@ -177,6 +179,7 @@ class DALILoader:
         shorter than its neighbours ends on an all-padding batch that no caller asks for,
         and a pass left open refuses the next pass's reset (that pass would yield nothing)."""
         self.used = True
+        assert self.iterator is not None, "_start built it"
         batches = iter(self.iterator)
         for handed in range(1, self.batches + 1):
             with nvtx_range("data"):

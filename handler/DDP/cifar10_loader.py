@@ -1,5 +1,6 @@
 """Torch DataLoaders sharded with DistributedSampler (also used by DP with one replica)."""
 import sys
+from typing import Any, Dict
 
 import torch
 from torch.utils.data import DataLoader
@@ -13,7 +14,7 @@ def get_DDP_loader(cfg, splits) -> Loaders:
     """Train: each rank takes its DistributedSampler shard, reshuffled every epoch
     (set_epoch). Valid/test: exact shards, so every image is counted once."""
     device = torch.device(cfg.device)
-    common = dict(batch_size=cfg.local_batch, num_workers=cfg.workers,
+    common: Dict[str, Any] = dict(batch_size=cfg.local_batch, num_workers=cfg.workers,
                   pin_memory=device.type == "cuda", worker_init_fn=seed_worker)
     if cfg.workers and sys.platform == "linux":
         # Ranks started by mp.spawn would spawn their workers too, re-importing torch every
@@ -34,4 +35,6 @@ def get_DDP_loader(cfg, splits) -> Loaders:
         return DeviceLoader(DataLoader(dataset, sampler=ShardSampler(len(dataset), cfg.rank, cfg.world_size),
                                        **common), device)
 
-    return Loaders(DeviceLoader(train, device), evaluation(splits.valid), evaluation(splits.test))
+    test = evaluation(splits.test)
+    assert test is not None, "read_cifar refuses an empty test set"
+    return Loaders(DeviceLoader(train, device), evaluation(splits.valid), test)

@@ -11,7 +11,7 @@ collective is enqueued, so the GPU time is read from the NCCL kernels instead
 (handler/profiling/comm.py).
 """
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,6 +20,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce
 
 from handler.runtime import nvtx
 from handler.runtime.errors import UserError
+
+if TYPE_CHECKING:
+    from .powersgd import PowerSGD
 
 CASTS = {"fp16": (fp16_compress_hook, torch.float16), "bf16": (bf16_compress_hook, torch.bfloat16)}
 
@@ -62,7 +65,7 @@ class CommHook:
     static_graph: bool = False
     grad_as_bucket_view: bool = False
     seed: int = 0
-    powersgd: Optional[object] = field(default=None, repr=False)  # PowerSGD, once registered
+    powersgd: Optional["PowerSGD"] = field(default=None, repr=False)  # once registered
 
     @classmethod
     def from_config(cls, cfg) -> "CommHook":

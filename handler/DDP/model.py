@@ -1,5 +1,6 @@
 """Wrapping a model for DDP: the only place the DDP modes touch the model."""
 import inspect
+from typing import Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -20,7 +21,7 @@ def no_buffer_sync(ddp_class=DistributedDataParallel) -> dict:
     return {"broadcast_buffers": False}
 
 
-def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False, comm: CommHook = None) -> DistributedDataParallel:
+def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False, comm: Optional[CommHook] = None) -> DistributedDataParallel:
     """`model` stays the plain module (checkpoints save it); DDP wraps it in place.
 
     SyncBatchNorm conversion reuses the BatchNorm parameters and buffers, so an

@@ -14,6 +14,8 @@ torch's draw per bucket, so its start is independent of the layout too.
 """
 from collections import OrderedDict
 
+from typing import Any, List, Optional
+
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
@@ -31,7 +33,7 @@ class PowerSGD:
         self.state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=warmup,
                                    min_compression_rate=MIN_COMPRESSION_RATE, use_error_feedback=True,
                                    warm_start=True, random_seed=seed,
-                                   orthogonalization_epsilon=ORTHOGONALIZATION_EPSILON)
+                                   orthogonalization_epsilon=ORTHOGONALIZATION_EPSILON)  # pyright: ignore[reportArgumentType]  # torch leaves it unannotated with default 0, so the checker infers int; it is a float
         params = list(module.named_parameters())
         self.names = {id(p): name for name, p in params}
         self.order = {name: i for i, (name, _) in enumerate(params)}
@@ -116,7 +118,7 @@ class PowerSGD:
             self._to_pool(index)  # the next step takes it back from the pool
         mine = {name: {k: (v.detach().cpu().clone() if v is not None else None) for k, v in piece.items()}
                 for name, piece in self.pool.items()}
-        ranks = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        ranks: Optional[List[Any]] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(mine, ranks, dst=0, group=harness_dist.cpu_group())
         return {"name": "powersgd", "iter": self.state.iter, "rank": self.state.matrix_approximation_rank,
                 "world_size": dist.get_world_size(), "ranks": ranks}

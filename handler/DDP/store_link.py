@@ -36,7 +36,7 @@ class BoundedStore:
         self._thread = threading.Thread(target=self._relay, name="harness-store-relay", daemon=True)
         self._thread.start()
         try:
-            self.store = tdist.TCPStore("127.0.0.1", self._listener.getsockname()[1], is_master=False,
+            self.store = tdist.TCPStore("127.0.0.1", self._listener.getsockname()[1], is_master=False,  # pyright: ignore[reportPrivateImportUsage]  # public API; torch.distributed re-exports it without __all__
                                         wait_for_workers=False, timeout=datetime.timedelta(seconds=limit_s))
         except Exception:
             self.close()

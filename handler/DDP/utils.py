@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import List, Tuple, cast
 
 import torch
 import torch.distributed as tdist
@@ -19,7 +21,7 @@ import torch.distributed as tdist
 # that group for the life of the process, past destroy_process_group, so its gloo threads and
 # rank 0's store server ran into the interpreter's own teardown (an intermittent SIGABRT at exit).
 import torch.distributed.nn  # noqa: F401
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessExitedException, start_processes  # the package re-exports them privately
 
 from ..runtime import dist
 from ..runtime.dist import launched_by_torchrun
@@ -67,20 +69,22 @@ def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
     method = start_method(use_cuda)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
-    ctx = mp.start_processes(func, args=args, nprocs=nprocs, join=False, start_method=method)
+    ctx = start_processes(func, args=args, nprocs=nprocs, join=False, start_method=method)
+    assert ctx is not None, "join=False returns the processes' context"
+    processes = cast(List[BaseProcess], ctx.processes)  # torch fills a list made as [None] * n
     signals_seen = []
 
     def forward(signum, frame):
         signals_seen.append(signum)
-        for proc in ctx.processes:
-            if proc.is_alive():
+        for proc in processes:
+            if proc.is_alive() and proc.pid is not None:  # None only before start()
                 os.kill(proc.pid, signal.SIGTERM if len(signals_seen) == 1 else signal.SIGKILL)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not _join(ctx):
             pass
-    except mp.ProcessExitedException as err:
+    except ProcessExitedException as err:
         # 2: the rank printed its one-line reason. 128+n: it stopped on signal n and said so.
         if err.exit_code == 2 or (err.exit_code or 0) > 128:
             raise SystemExit(err.exit_code) from None
@@ -165,7 +169,7 @@ def check_local_rank(local_rank: int) -> None:
                         "or set CUDA_VISIBLE_DEVICES")
 
 
-def store_address(cfg) -> tuple:
+def store_address(cfg) -> Tuple[str, int]:
     """Where the group's rendezvous store listens: torchrun's MASTER_ADDR:MASTER_PORT, else --host/--port."""
     if launched_by_torchrun():
         return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])

@@ -8,7 +8,8 @@ import os
 import shutil
 
 import torch
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..runtime.errors import UserError
@@ -20,7 +21,7 @@ class ShardedState:
     def capture(self, cfg, model, optimizer, tag: str) -> dict:
         folder = os.path.join(cfg.ckpt, PREFIX + tag)
         model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
+        dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
         return {"shards": os.path.basename(folder)}
 
     def restore(self, ckpt: dict, path: str, model, optimizer) -> None:
@@ -29,7 +30,7 @@ class ShardedState:
                             f"--mode {ckpt.get('config', {}).get('mode', 'ddp')}")
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optim_state}
-        dcp.load(state, checkpoint_id=os.path.join(os.path.dirname(os.path.abspath(path)), ckpt["shards"]))
+        dcp_load(state, checkpoint_id=os.path.join(os.path.dirname(os.path.abspath(path)), ckpt["shards"]))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
     def keep(self, folder: str, last: dict, best) -> None:

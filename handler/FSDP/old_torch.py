@@ -24,7 +24,7 @@ def patch_cpu_fsdp() -> None:
     stream.record_event = lambda self: None
     stream.wait_event = lambda self, event: None
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
-    group.foreach_all_gather_copy_out = _keeping_versions(group.foreach_all_gather_copy_out)
+    group.foreach_all_gather_copy_out = _keeping_versions(group.foreach_all_gather_copy_out)  # pyright: ignore[reportPrivateImportUsage]  # patching torch's own name where FSDP2 looks it up
 
 
 def _keeping_versions(copy_out):
@@ -33,7 +33,7 @@ def _keeping_versions(copy_out):
         versions = [t._version for t in outputs]
         copy_out(result, fsdp_params, process_group)
         for tensor, version in zip(outputs, versions):
-            torch._C._autograd._unsafe_set_version_counter(tensor, version)
+            torch._C._autograd._unsafe_set_version_counter(tensor, version)  # pyright: ignore[reportAttributeAccessIssue]  # torch._C's stubs omit the _autograd module
     return copy_out_keeping_versions
 
 

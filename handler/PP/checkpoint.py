@@ -31,7 +31,7 @@ class PipelineState:
                 "groups": optim["param_groups"]}
         parts = [None] * cfg.world_size if cfg.is_main else None
         tdist.gather_object(part, parts, dst=0, group=dist.cpu_group())
-        if not cfg.is_main:
+        if parts is None:  # not rank 0
             return {}
         state = {k: v for p in parts for k, v in p["state"].items()}
         groups = [{**g, "params": list(range(len(index)))} for g in parts[0]["groups"]]

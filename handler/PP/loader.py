@@ -6,6 +6,7 @@ Training batches have fixed micro-batch shapes, so an incomplete last batch is d
 (and said so).
 """
 import sys
+from typing import Any, Dict
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -52,7 +53,7 @@ def get_PP_loader(cfg, splits) -> Loaders:
     device = torch.device(cfg.device)
     first, last = cfg.rank == 0, cfg.rank == cfg.world_size - 1
     workers = cfg.workers if first else 0
-    common = dict(batch_size=cfg.batch_size, num_workers=workers, pin_memory=device.type == "cuda",
+    common: Dict[str, Any] = dict(batch_size=cfg.batch_size, num_workers=workers, pin_memory=device.type == "cuda",
                   worker_init_fn=seed_worker)
     if workers and sys.platform == "linux":
         common["multiprocessing_context"] = "fork"  # as in handler/DDP/cifar10_loader.py
@@ -75,5 +76,7 @@ def get_PP_loader(cfg, splits) -> Loaders:
         return StageLoader(DeviceLoader(DataLoader(data, sampler=ShardSampler(len(data), 0, 1), **common), device),
                            first, last, device)
 
+    test = evaluation(splits.test)
+    assert test is not None, "read_cifar refuses an empty test set"
     return Loaders(StageLoader(DeviceLoader(train, device), first, last, device),
-                   evaluation(splits.valid), evaluation(splits.test))
+                   evaluation(splits.valid), test)

@@ -11,12 +11,14 @@ from typing import List, Tuple
 import torch
 import torch.nn as nn
 
+from models.staged import StagedModel
+
 
 def _params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def unit_params(model: nn.Module) -> List[int]:
+def unit_params(model: StagedModel) -> List[int]:
     """Parameters per model stage, counting the stem with the first and the head with the last."""
     sizes = [_params(stage) for stage in model.stages]
     sizes[0] += _params(model.stem)
@@ -35,6 +37,7 @@ def balanced_split(sizes: List[int], parts: int) -> List[range]:
         key = max(sum(sizes[i] for i in g) for g in groups)
         if best is None or key < best[0]:
             best = (key, groups)
+    assert best is not None, "check_options refuses more pipeline stages than model stages"
     return best[1]
 
 
@@ -56,7 +59,7 @@ class StageModule(nn.Module):
     submodules, so parameter names stay those of the unsplit model and checkpoints keep
     the plain format."""
 
-    def __init__(self, model: nn.Module, units: range, first: bool, last: bool, autocast, wire_dtype):
+    def __init__(self, model: StagedModel, units: range, first: bool, last: bool, autocast, wire_dtype):
         super().__init__()
         self.model, self.units, self.first, self.last = model, units, first, last
         self.autocast, self.wire_dtype = autocast, wire_dtype
@@ -74,7 +77,7 @@ class StageModule(nn.Module):
         return x.to(self.wire_dtype).contiguous()
 
 
-def prune(model: nn.Module, units: range, first: bool, last: bool) -> None:
+def prune(model: StagedModel, units: range, first: bool, last: bool) -> None:
     """Drop (in place) every part of the model this stage does not run."""
     for i in range(len(model.stages)):
         if i not in units:
@@ -86,7 +89,7 @@ def prune(model: nn.Module, units: range, first: bool, last: bool) -> None:
 
 
 @torch.no_grad()
-def boundary_shapes(model: nn.Module, device) -> List[Tuple[int, ...]]:
+def boundary_shapes(model: StagedModel, device) -> List[Tuple[int, ...]]:
     """Per-image activation shape after each model stage, from a one-image eval forward
     (eval: BatchNorm statistics stay untouched)."""
     was_training = model.training

@@ -44,8 +44,8 @@ PROG = "python -m handler.compare"
 def parse_args(argv):
     runner_argv, train_argv = _split_at_dashes(argv)
     p = argparse.ArgumentParser(prog=PROG, usage=f"{PROG} [options] [-- train_cifar.py args]",
-                                description=__doc__.splitlines()[0].split(":")[0] + ".",
-                                epilog="\n".join(__doc__.splitlines()[1:]),
+                                description=(__doc__ or "").partition("\n")[0].split(":")[0] + ".",
+                                epilog="\n".join((__doc__ or "").splitlines()[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", help=f"comma-separated modes, each run with no extra options "
                                    f"(default: {','.join(MODES)} unless --cell is given)")

@@ -1,5 +1,6 @@
 """The comparison's figures, as PNG files (matplotlib, headless Agg backend)."""
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
@@ -13,7 +14,7 @@ PHASE_COLOURS = {"data": "#d62728", "h2d": "#ff7f0e", "forward": "#1f77b4", "bac
                  "optimizer": "#9467bd", "data_gpu": "#8c564b", "other": "#c7c7c7"}
 
 
-def write_plots(rows, out: Path, comm_bench: dict = None) -> dict:
+def write_plots(rows, out: Path, comm_bench: Optional[dict] = None) -> dict:
     """Every figure; returns {title: file name}. `comm_bench`: a bench.comm result to plot."""
     figures = {
         "Epoch time": ("epoch_time.png", lambda ax: _grouped_bars(ax, rows, "epoch_s", "epoch time (s)")),

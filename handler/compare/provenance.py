@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +72,7 @@ def provenance(command: str) -> dict:
             "code": code_version()}
 
 
-def markdown(prov: dict, extra: dict = ()) -> list:
+def markdown(prov: dict, extra: Optional[dict] = None) -> list:
     """The provenance block as markdown bullet lines."""
     hw, v = prov["hardware"], prov["versions"]
     lines = [f"- **date**: {prov['date']}",
@@ -81,5 +82,5 @@ def markdown(prov: dict, extra: dict = ()) -> list:
              f"- **versions**: python {v['python']}, torch {v['torch']}, torchvision {v['torchvision']}, "
              f"DALI {v['dali'] or 'not installed'}, nsys {v['nsys'] or 'not installed'}",
              f"- **code**: {prov['code']}"]
-    lines += [f"- **{k}**: {val}" for k, val in dict(extra).items()]
+    lines += [f"- **{k}**: {val}" for k, val in (extra or {}).items()]
     return lines

@@ -5,7 +5,7 @@ NCHW, int64 [B]), with `__len__` (batches this rank yields per pass) and
 `set_epoch(e)`, called before every pass. The `data` NVTX range covers waiting for
 the next batch; `h2d` covers the copy to the GPU when there is one.
 """
-from typing import NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional, Protocol, Tuple
 
 import numpy as np
 import torch
@@ -14,10 +14,20 @@ from torch.utils.data import Dataset, Sampler
 from ..runtime.nvtx import nvtx_range
 
 
+class Loader(Protocol):
+    """The contract above: DeviceLoader, DALI's and pp's loaders keep it."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
 class Loaders(NamedTuple):
-    train: object
-    valid: Optional[object]
-    test: object
+    train: Loader
+    valid: Optional[Loader]
+    test: Loader
 
 
 class ArrayDataset(Dataset):
@@ -62,8 +72,9 @@ class DeviceLoader:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.loader.sampler, "set_epoch"):
-            self.loader.sampler.set_epoch(epoch)
+        set_epoch = getattr(self.loader.sampler, "set_epoch", None)  # DistributedSampler's
+        if set_epoch is not None:
+            set_epoch(epoch)
 
     def __iter__(self):
         batches = None

@@ -48,8 +48,7 @@ def comm_config(metrics: dict | None) -> dict | None:
 
 def _rank(process: Process, trace: Trace) -> dict:
     gpu, metrics = trace.gpu, trace.metrics
-    epochs = sorted((int(EPOCH.fullmatch(r.name).group(1)), r) for r in process.ranges
-                    if EPOCH.fullmatch(r.name))
+    epochs = sorted((int(m.group(1)), r) for r in process.ranges if (m := EPOCH.fullmatch(r.name)))
     batches = sorted((r for r in process.ranges if BATCH.fullmatch(r.name)), key=lambda r: r.start)
     batch_total = sum(b.seconds for b in batches)
     phase_ranges = _phase_ranges(process.ranges, batches)
@@ -57,7 +56,7 @@ def _rank(process: Process, trace: Trace) -> dict:
     activity = gpu.of_pid(process.pid) if gpu is not None else None
     gpu_view = gpu_stats(activity, [r for rs in phase_ranges.values() for r in rs], PHASES,
                          [r for _, r in epochs], batches[0].tid if batches else None, batches,
-                         pipeline_threads(process, trace.thread_names)) if gpu is not None else None
+                         pipeline_threads(process, trace.thread_names)) if activity is not None else None
     gpus = device_map(process.pid, gpu_view["devices"] if gpu_view else (), trace.cuda_devices)
     return {
         "rank": process.rank, "pid": process.pid, "host": process.host,
@@ -113,7 +112,9 @@ def _first_comm(process: Process, gpu) -> dict:
         if BATCH.fullmatch(b.name):
             i = bisect.bisect_right(starts, b.start) - 1
             if i >= 0 and b.end <= epochs[i].end:
-                keyed.append(((EPOCH.fullmatch(epochs[i].name).group(1), b.name), b))
+                epoch = EPOCH.fullmatch(epochs[i].name)
+                assert epoch, "epochs holds only epoch ranges"
+                keyed.append(((epoch.group(1), b.name), b))
     activity = gpu.of_pid(process.pid) if gpu is not None else None
     return first_comm_starts(process.ranges, keyed, activity)
 

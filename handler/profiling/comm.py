@@ -39,7 +39,7 @@ def comm_stats(ranges, batches, activity) -> dict | None:
     return {"source": source, "seconds": comm_ns / 1e9, "share": comm_ns / batch_ns if batch_ns else None,
             "overlap_share": overlap_ns / comm_ns if comm_ns else None,
             "exposed_s": (comm_ns - overlap_ns) / 1e9,
-            "buckets": len({ALLREDUCE.fullmatch(r.name).group(1) for r in buckets}),
+            "buckets": len({m.group(1) for r in buckets if (m := ALLREDUCE.fullmatch(r.name))}),
             "allreduce_ranges": len(buckets)}
 
 
@@ -80,8 +80,8 @@ def stragglers(per_rank: dict) -> dict | None:
     for step in sorted(steps):
         arrivals = {r: s[step] for r, s in per_rank.items()}
         spreads.append((max(arrivals.values()) - min(arrivals.values())) / 1e6)
-        last[str(max(arrivals, key=arrivals.get))] += 1
+        last[str(max(arrivals, key=lambda r: arrivals[r]))] += 1
     spreads.sort()
     return {"steps": len(spreads), "p50_ms": percentile(spreads, 50), "p95_ms": percentile(spreads, 95),
             "max_ms": spreads[-1], "last_rank_counts": last,
-            "most_often_last": int(max(last, key=last.get))}
+            "most_often_last": int(max(last, key=lambda r: last[r]))}

@@ -40,7 +40,7 @@ def metric_key(name: str) -> str | None:
     """'SMs Active [Throughput %]' -> 'sm_active_pct'; None for metrics we do not report."""
     for key, pattern in METRICS:
         if pattern.search(name):
-            unit = (re.search(r"\[([^\]]*)\]", name) or [None, ""])[1].lower()
+            unit = (re.search(r"\[([^\]]*)\]", name) or ["", ""])[1].lower()
             if "%" in unit:
                 return f"{key}_pct"
             if "mb/s" in unit or "mib/s" in unit:

@@ -11,11 +11,13 @@ phase it counts only launches made while the training thread is inside a `batch`
 """
 import bisect
 import re
+from typing import AbstractSet, Iterable
 
 import numpy as np
 
 from .columns import GpuColumns
 from .stats import intersect, length, merge, merge_arrays, overlap
+from .trace import Range
 
 NCCL = "nccl"
 DATA_GPU = "data_gpu"
@@ -27,8 +29,8 @@ DALI_KERNEL = re.compile(r"\b(dali|nvjpeg|nvimgcodec)::")
 class PhaseLookup:
     """Innermost phase range open at a time, per thread; ranges on one thread nest (push/pop)."""
 
-    def __init__(self, phase_ranges):
-        self.by_thread = {}
+    def __init__(self, phase_ranges: Iterable[Range]):
+        self.by_thread: dict[int, list[Range]] = {}
         for r in sorted(phase_ranges, key=lambda r: (r.start, -r.end)):
             self.by_thread.setdefault(r.tid, []).append(r)
         self.parents = {tid: _parents(rs) for tid, rs in self.by_thread.items()}
@@ -40,7 +42,7 @@ class PhaseLookup:
         found = self.innermost(tid, time)
         return found.name if found else None
 
-    def innermost(self, tid: int, time: int):
+    def innermost(self, tid: int, time: int) -> Range | None:
         ranges = self.by_thread.get(tid)
         if ranges is None:
             return None
@@ -80,7 +82,7 @@ def pipeline_threads(process, thread_names: dict) -> set[int]:
 
 
 def gpu_stats(activity: GpuColumns, phase_ranges, phases, epochs, training_tid, batches=(),
-              pipeline_tids=frozenset()) -> dict:
+              pipeline_tids: AbstractSet[int] = frozenset()) -> dict:
     """activity: this rank's GPU activity; phase_ranges: phase ranges inside batches;
     epochs: the rank's epoch ranges; training_tid: the thread holding the batch ranges;
     batches: its batch ranges; pipeline_tids: the input pipeline's threads (pipeline_threads)."""

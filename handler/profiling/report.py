@@ -26,7 +26,7 @@ from .trace import load_trace
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m handler.profiling.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m handler.profiling.report", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("report", type=Path, nargs="+",
                         help=".nsys-rep from nsys profile (or its .sqlite export); several, or a folder of them, "
                              "for one summary of a job profiled per node")

@@ -5,7 +5,7 @@ collectives the shared loop needs.
 """
 import os
 import socket
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as tdist
@@ -53,7 +53,7 @@ def all_reduce_max(value: int) -> int:
     return int(t.item())
 
 
-_CPU_GROUP = None
+_CPU_GROUP: Optional["tdist.ProcessGroup"] = None  # quoted: torch builds without distributed lack it
 _TIMEOUT = None  # the group's --dist-timeout; groups made here wait no longer than it
 HOSTS = {}  # rank -> hostname, once hostnames() ran: for naming a lost peer's host
 
@@ -64,7 +64,7 @@ def hostnames() -> dict:
     if not active():
         HOSTS.update({0: me})
         return dict(HOSTS)
-    names = [None] * tdist.get_world_size()
+    names: List[Optional[str]] = [None] * tdist.get_world_size()
     tdist.all_gather_object(names, me, group=cpu_group())
     HOSTS.update(enumerate(names))
     return dict(HOSTS)
@@ -76,13 +76,15 @@ def set_timeout(timeout) -> None:
     _TIMEOUT = timeout
 
 
-def cpu_group():
+def cpu_group() -> "tdist.ProcessGroup":
     """A gloo group for small host-side exchanges, also when the main backend is NCCL.
     Created on first use, which every rank reaches at the same point."""
     global _CPU_GROUP
     if _CPU_GROUP is None:
         # Without a timeout, new groups wait torch's default 30 minutes for a silent peer.
-        _CPU_GROUP = tdist.new_group(backend="gloo", timeout=_TIMEOUT)
+        group = tdist.new_group(backend="gloo", timeout=_TIMEOUT)
+        assert isinstance(group, tdist.ProcessGroup), "every rank is a member of the group it creates"
+        _CPU_GROUP = group
     return _CPU_GROUP
 
 

@@ -3,6 +3,7 @@ import errno
 import os
 import random
 import shutil
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -15,7 +16,9 @@ FORMAT = 1
 def rng_state() -> dict:
     """Generator states as plain bytes: no tensor in them, so any map_location
     (cuda:N, meta) leaves them loadable; torch.set_rng_state wants a CPU ByteTensor."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state()
+    assert isinstance(legacy, tuple), "the global RandomState is an MT19937: its legacy state is a tuple"
+    kind, keys, pos, has_gauss, gauss = legacy
     state = {"python": random.getstate(), "torch": _bytes(torch.get_rng_state()),
              "numpy": {"kind": kind, "keys": keys.astype(np.uint32).tobytes(), "pos": pos,
                        "has_gauss": has_gauss, "gauss": gauss}}
@@ -53,6 +56,16 @@ def _byte_tensor(saved) -> torch.Tensor:
     if isinstance(saved, (bytes, bytearray)):
         return torch.frombuffer(bytearray(saved), dtype=torch.uint8)
     return saved.cpu()
+
+
+class ModelState(Protocol):
+    """How a mode's model and optimizer state enter checkpoints (PlainState, or the mode's own)."""
+
+    def capture(self, cfg, model, optimizer, tag: str) -> dict: ...
+
+    def restore(self, ckpt: dict, path: str, model, optimizer) -> None: ...
+
+    def keep(self, folder: str, last: dict, best) -> None: ...
 
 
 class PlainState:

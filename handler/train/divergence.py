@@ -52,6 +52,6 @@ def divergence_message(epoch: int, step: int, patience: int) -> str:
 
 def parameters_finite(model: torch.nn.Module) -> bool:
     """All ranks agree whether every parameter (each rank's shard under FSDP) is finite."""
-    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    local = [getattr(p, "to_local")() if hasattr(p, "to_local") else p for p in model.parameters()]
     finite = bool(torch.stack([torch.isfinite(p).all() for p in local]).all()) if local else True
     return dist.all_reduce_max(int(not finite)) == 0

@@ -8,6 +8,7 @@ divergence check reads one flag every CHECK_EVERY steps).
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Optional, Protocol, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -24,18 +25,29 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Trainable(Protocol):
+    """The model that trains: an nn.Module (plain, DDP, DataParallel, FSDP) or pp's Pipeline."""
+
+    def train(self, mode: bool = True) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Step:
     """What one optimisation step needs; AMP parts are no-ops when AMP is off."""
-    model: torch.nn.Module
+    model: Trainable
     optimizer: torch.optim.Optimizer
-    scheduler: object
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
-    autocast: object  # a context manager factory: torch.autocast(...) or nullcontext
+    autocast: Callable[[], ContextManager]  # torch.autocast(...) or nullcontext
     accum_steps: int = 1
     channels_last: bool = False
-    criterion: object = cross_entropy  # (model, images, labels) -> (mean loss, correct count)
-    optimise: object = None  # a mode's own step (Strategy.step); None: _optimise
+    criterion: "Criterion" = cross_entropy  # (model, images, labels) -> (mean loss, correct count)
+    optimise: Optional["StepFn"] = None  # a mode's own step (Strategy.step); None: _optimise
+
+
+Timer = Callable[[str], ContextManager]  # PhaseTimer, or no_timer
+Criterion = Callable[[Trainable, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
+StepFn = Callable[[Step, torch.Tensor, torch.Tensor, Timer], torch.Tensor]  # -> device sums (loss*n, correct)
 
 
 def _micro_batches(images, labels, k):
@@ -95,7 +107,7 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
             **_summarise(totals, samples)}
 
 
-def _optimise(step: Step, images, labels, timer=no_timer) -> torch.Tensor:
+def _optimise(step: Step, images, labels, timer: Timer = no_timer) -> torch.Tensor:
     """Forward/backward over the micro-batches, then one optimizer step; returns
     (loss * n, correct) on the device, without waiting for it.
 
@@ -119,7 +131,7 @@ def _optimise(step: Step, images, labels, timer=no_timer) -> torch.Tensor:
     return sums
 
 
-def update(step: Step, timer=no_timer) -> None:
+def update(step: Step, timer: Timer = no_timer) -> None:
     """The optimiser's part of a step (every mode's, pp's included): scaled step, zeroed
     gradients, learning-rate schedule."""
     with nvtx_range("optimizer"), timer("optimizer"):

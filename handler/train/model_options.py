@@ -1,12 +1,18 @@
 """Model-level options applied after the model is built; the models stay plain."""
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from models.staged import StagedModel
 
-class _Checkpointed:
+# The mixin's super() is the stage's own nn.Module class; the checker sees that base.
+_StageBase = torch.nn.Module if TYPE_CHECKING else object
+
+
+class _Checkpointed(_StageBase):
     """Mixed in front of a stage's own class: recompute its activations in backward.
 
     A class, not a closure put on the instance: DataParallel's replicas copy the
@@ -25,7 +31,7 @@ def _checkpointed(cls: type) -> type:
     return type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), {})
 
 
-def checkpoint_stages(model: torch.nn.Module) -> None:
+def checkpoint_stages(model: StagedModel) -> None:
     """Recompute each stage's activations in backward instead of storing them.
 
     Only the stage's class changes, so parameter names and checkpoints are the same as

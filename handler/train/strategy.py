@@ -2,20 +2,24 @@
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Tuple
 
-from .checkpoint import PlainState
+import torch
+
+from ..data.loaders import Loaders
+from .checkpoint import ModelState, PlainState
+from .loop import Criterion, StepFn, Trainable
 from .model_options import cross_entropy
 
 
 @dataclass(frozen=True, kw_only=True)
 class Strategy:
-    wrap: Callable             # plain model -> model that trains (DDP, DataParallel, FSDP, itself)
-    make_loaders: Callable     # (cfg, splits) -> Loaders
-    criterion: Callable = cross_entropy  # (model, images, labels) -> (mean loss, correct)
-    state: object = field(default_factory=PlainState)  # how model/optimizer state enters checkpoints
+    wrap: Callable[[torch.nn.Module], Trainable]  # plain model -> model that trains (DDP, DataParallel, FSDP, itself)
+    make_loaders: Callable[..., Loaders]  # (cfg, splits) -> Loaders
+    criterion: Criterion = cross_entropy  # (model, images, labels) -> (mean loss, correct)
+    state: ModelState = field(default_factory=PlainState)  # how model/optimizer state enters checkpoints
     lockstep_eval: bool = False  # forward is a collective (FSDP): every rank runs the same eval steps
     notes: Tuple[str, ...] = ()  # fallbacks to record in the metrics
     # A mode's own training step, (Step, images, labels, timer) -> device sums (loss*n, correct),
     # and evaluation, (wrapped model, loader, name, device, ...) -> dict; None: the loop's own,
     # the evaluation on the unwrapped model after rank 0's BatchNorm statistics are broadcast.
-    step: Optional[Callable] = None
-    evaluate: Optional[Callable] = None
+    step: Optional[StepFn] = None
+    evaluate: Optional[Callable[..., dict]] = None

@@ -154,7 +154,7 @@ def fit(cfg, strategy: Strategy) -> dict:
             history.append(record)
             improved = val["acc"] is not None and val["acc"] > best_acc
             best_acc = max(best_acc, val["acc"] or -1.0)
-            if cfg.is_main:
+            if metrics is not None:  # rank 0's
                 metrics.add_epoch(record)
                 _report_epoch(cfg, record)
             save(epochs_done=epoch + 1, step=0, best_acc=best_acc, history=history, improved=improved)
@@ -169,7 +169,7 @@ def fit(cfg, strategy: Strategy) -> dict:
     test = evaluate_on(loaders.test, "test")
     capture.close_run()
     total = time.perf_counter() - started
-    if cfg.is_main:
+    if metrics is not None:  # rank 0's
         metrics.finish(test, total)
         rank0.say(cfg, f"test: loss {test['loss']:.4f}  acc {100 * test['acc']:.2f}%  "
                        f"({test['samples']} images)  total {total:.1f} s  metrics -> {cfg.metrics}")
