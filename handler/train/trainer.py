@@ -114,7 +114,8 @@ def fit(cfg, strategy: Strategy) -> dict:
             rank0.say(cfg, f"warning: {note}", err=True)
     hosts = dist.hostnames()
     nvtx_mark(f"host {hosts[cfg.rank]}")  # the profile report names each rank's host
-    metrics = MetricsFile(cfg, environment(cfg, notes, hosts), history) if cfg.is_main else None
+    env = {**environment(cfg, notes, hosts), **(strategy.record(model) if strategy.record else {})}
+    metrics = MetricsFile(cfg, env, history) if cfg.is_main else None
     rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
                    f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}")
