@@ -5,11 +5,12 @@ from ..runtime.errors import need
 def check_options(cfg) -> None:
     """W stages of the model, each on its own process, M micro-batches per batch."""
     from models import MODELS
+    from .stages import blocks, model_stages
     model = MODELS[cfg.model]()
     if cfg.pp_split == "params":  # cut only between the model's own stages
-        units, what = len(model.stages), "stages"
+        units, what = len(model_stages(model)), "stages"
     else:
-        units, what = sum(len(stage) for stage in model.stages), "blocks"
+        units, what = len(blocks(model)), "blocks"
     w, m = cfg.world_size, cfg.microbatches
     need(m >= 1, f"--microbatches {m}: use 1 or more")
     need(cfg.batch_size % m == 0, f"--batch-size {cfg.batch_size} does not split into --microbatches {m} "

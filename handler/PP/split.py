@@ -6,33 +6,34 @@ forward + backward time of one micro-batch over blocks, which is what sets the p
 a pipeline. Rank 0 decides and broadcasts its decision, so every rank runs the same cut
 even though timings differ between machines and runs.
 """
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 import torch.distributed as tdist
 import torch.nn as nn
 
 from ..runtime import dist
-from .stages import balanced_split, blocks, describe, stage_groups_to_blocks, unit_params
+from .stages import balanced_split, blocks, describe, model_stages, stage_groups_to_blocks, unit_params
 from .timing import TimingCache, cache_key, time_blocks
 
 SPLITS = ("params", "time")
 
 
 def _params_of(model: nn.Module, units: range, first: bool, last: bool) -> int:
-    index = blocks(model)
-    n = sum(p.numel() for u in units for p in model.stages[index[u][0]][index[u][1]].parameters())
-    n += sum(p.numel() for p in model.stem.parameters()) if first else 0
-    return n + (sum(p.numel() for p in model.head.parameters()) if last else 0)
+    index, stages = blocks(model), model_stages(model)
+    parts: List[nn.Module] = [stages[index[u][0]][index[u][1]] for u in units]
+    parts += [cast(nn.Module, model.stem)] if first else []
+    parts += [cast(nn.Module, model.head)] if last else []
+    return sum(p.numel() for part in parts for p in part.parameters())
 
 
 def _decide(model: nn.Module, how: str, parts: int, *, model_name: str, micro_batch: int, autocast,
-            amp: str, channels_last: bool, cache_path: Optional[str]) -> dict:
+            amp: str, channels_last: bool, cache_path: Optional[str]) -> Dict[str, Any]:
     """The split as a plain dict (what the metrics record): blocks per stage and why."""
-    record: dict = {"how": how, "micro_batch": micro_batch}
+    record: Dict[str, Any] = {"how": how, "micro_batch": micro_batch}
     if how == "params":
         groups = stage_groups_to_blocks(balanced_split(unit_params(model), parts), model)
     else:
-        checkpointed = type(model.stages[0]) is not nn.Sequential
+        checkpointed = type(model_stages(model)[0]) is not nn.Sequential
         key = cache_key(model_name, micro_batch, next(model.parameters()).device, amp, channels_last, checkpointed)
         cache = TimingCache(cache_path)
         timing = cache.get(key)
@@ -52,13 +53,13 @@ def _decide(model: nn.Module, how: str, parts: int, *, model_name: str, micro_ba
     return record
 
 
-def plan_split(model: nn.Module, how: str, **options) -> dict:
+def plan_split(model: nn.Module, how: str, **options: Any) -> Dict[str, Any]:
     """Rank 0's split, on every rank (a collective: every rank calls it)."""
     parts = tdist.get_world_size()
-    box: List[Optional[dict]] = [None]
+    box: List[Optional[Dict[str, Any]]] = [None]
     if tdist.get_rank() == 0:
         box[0] = _decide(model, how, parts, **options)
-    tdist.broadcast_object_list(box, src=0, group=dist.cpu_group())
+    tdist.broadcast_object_list(box, src=0, group=cast(tdist.ProcessGroup, dist.cpu_group()))
     record = box[0]
     assert record is not None
     groups = [range(a, b) for a, b in record["stage_blocks"]]
@@ -73,6 +74,6 @@ def plan_split(model: nn.Module, how: str, **options) -> dict:
     return record
 
 
-def stage_units(record: dict, index: int) -> range:
+def stage_units(record: Dict[str, Any], index: int) -> range:
     a, b = record["stage_blocks"][index]
     return range(a, b)

@@ -7,24 +7,29 @@ one chooser: `--pp-split params` feeds it parameters per model stage (cuts only 
 model's own stage boundaries), `--pp-split time` measured milliseconds per block
 (handler/PP/timing.py; docs/MODES.md).
 """
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple, cast
 
 import torch
 import torch.nn as nn
 
 
-def _params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
+def _params(module: Any) -> int:
+    return sum(p.numel() for p in cast(nn.Module, module).parameters())
+
+
+def model_stages(model: nn.Module) -> List[nn.Sequential]:
+    """The model's own stages (models/resnet.py: a ModuleList of Sequentials of blocks)."""
+    return [cast(nn.Sequential, stage) for stage in cast(nn.ModuleList, model.stages)]
 
 
 def blocks(model: nn.Module) -> List[Tuple[int, int]]:
     """(model stage, block within it) of every block, in forward order."""
-    return [(i, j) for i, stage in enumerate(model.stages) for j in range(len(stage))]
+    return [(i, j) for i, stage in enumerate(model_stages(model)) for j in range(len(stage))]
 
 
 def unit_params(model: nn.Module) -> List[int]:
     """Parameters per model stage, counting the stem with the first and the head with the last."""
-    sizes = [_params(stage) for stage in model.stages]
+    sizes = [_params(stage) for stage in model_stages(model)]
     sizes[0] += _params(model.stem)
     sizes[-1] += _params(model.head)
     return sizes
@@ -61,7 +66,7 @@ def balanced_split(costs: Sequence[float], parts: int) -> List[range]:
 def stage_groups_to_blocks(groups: List[range], model: nn.Module) -> List[range]:
     """Groups of model stages -> the same groups as ranges of block numbers."""
     starts = [0]
-    for stage in model.stages:
+    for stage in model_stages(model):
         starts.append(starts[-1] + len(stage))
     return [range(starts[g[0]], starts[g[-1] + 1]) for g in groups]
 
@@ -70,7 +75,7 @@ def _name(model: nn.Module, units: range) -> str:
     """`stages 0-1`, `stage 2`, or `blocks 1.2-2.0` when a model stage is cut inside."""
     index = blocks(model)
     (i0, j0), (i1, j1) = index[units[0]], index[units[-1]]
-    if j0 == 0 and j1 == len(model.stages[i1]) - 1:
+    if j0 == 0 and j1 == len(model_stages(model)[i1]) - 1:
         return f"stages {i0}-{i1}" if i1 > i0 else f"stage {i0}"
     return f"blocks {i0}.{j0}-{i1}.{j1}" if units[-1] > units[0] else f"block {i0}.{j0}"
 
@@ -95,7 +100,7 @@ def _runs(model: nn.Module, units: range) -> List[nn.Module]:
     runs = []
     for i in sorted({index[u][0] for u in units}):
         mine = [j for u, (k, j) in enumerate(index) if k == i and u in units]
-        stage = model.stages[i]
+        stage = model_stages(model)[i]
         runs.append(stage if len(mine) == len(stage) else stage[mine[0]:mine[-1] + 1])
     return runs
 
@@ -114,11 +119,11 @@ class StageModule(nn.Module):
     def forward(self, x):
         with self.autocast():
             if self.first:
-                x = self.model.stem(x)
+                x = cast(nn.Module, self.model.stem)(x)
             for run in self._runs:
                 x = run(x)
             if self.last:
-                return self.model.forward_head(x).float()
+                return cast(Any, self.model).forward_head(x).float()
         # A fixed dtype and a plain layout between stages: the receiving stage allocates its
         # buffers from them (and gloo sends only contiguous tensors, not channels_last ones).
         return x.to(self.wire_dtype).contiguous()
@@ -128,7 +133,7 @@ def prune(model: nn.Module, units: range, first: bool, last: bool) -> None:
     """Drop (in place) every part of the model this stage does not run."""
     for u, (i, j) in enumerate(blocks(model)):
         if u not in units:
-            model.stages[i][j] = nn.Identity()
+            model_stages(model)[i][j] = nn.Identity()
     if not first:
         model.stem = nn.Identity()
     if not last:
@@ -141,10 +146,10 @@ def boundary_shapes(model: nn.Module, device) -> List[Tuple[int, ...]]:
     (eval: BatchNorm statistics stay untouched)."""
     was_training = model.training
     model.eval()
-    x = model.stem(torch.zeros(1, 3, 32, 32, device=device))
+    x = cast(nn.Module, model.stem)(torch.zeros(1, 3, 32, 32, device=device))
     shapes = []
     for i, j in blocks(model):
-        x = model.stages[i][j](x)
+        x = model_stages(model)[i][j](x)
         shapes.append(tuple(x.shape[1:]))
     model.train(was_training)
     return shapes

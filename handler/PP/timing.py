@@ -14,13 +14,13 @@ import json
 import os
 import platform
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .stages import blocks
+from .stages import blocks, model_stages
 
 CACHE_NAME = "pp_timing.json"
 # Each piece's fastest of the timed passes, after 1 untimed one (allocator, autotuning):
@@ -48,11 +48,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _pieces(model: nn.Module) -> List[Callable]:
+def _pieces(model: nn.Module) -> List[Callable[..., torch.Tensor]]:
     """stem, every block (as a one-block slice of its stage: it keeps the stage's class,
     activation checkpointing included), head with the loss."""
-    head = lambda x, labels: F.cross_entropy(model.forward_head(x).float(), labels)  # noqa: E731
-    return [model.stem, *(model.stages[i][j:j + 1] for i, j in blocks(model)), head]
+    def head(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(cast(Any, model).forward_head(x).float(), labels)
+    stages = model_stages(model)
+    return [cast(nn.Module, model.stem), *(stages[i][j:j + 1] for i, j in blocks(model)), head]
 
 
 def _one_pass(pieces, images, labels, autocast, device) -> Tuple[List[float], List[float]]:
@@ -113,7 +115,7 @@ class TimingCache:
     def __init__(self, path: Optional[str]):
         self.path, self.problem = path, ""
 
-    def _read(self) -> dict:
+    def _read(self) -> Dict[str, Any]:
         if not self.path or not os.path.exists(self.path):
             return {}
         try:
@@ -126,10 +128,10 @@ class TimingCache:
             self.problem = f"unreadable timing cache {self.path} ({exc}); timed afresh"
             return {}
 
-    def get(self, key: str) -> Optional[dict]:
+    def get(self, key: str) -> Optional[Dict[str, List[float]]]:
         return self._read().get(key)
 
-    def put(self, key: str, value: dict) -> None:
+    def put(self, key: str, value: Dict[str, List[float]]) -> None:
         if not self.path:
             return
         data = {**self._read(), key: value}
