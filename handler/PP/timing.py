@@ -48,6 +48,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _clock(device: torch.device) -> Callable[[], float]:
+    """GPU: wall time after a synchronise. CPU: the process's CPU time, which other
+    processes taking the core do not inflate (wall time does, and more for long blocks
+    than for short ones, since a short one more often runs untouched: on a loaded machine
+    that biased the cut toward the first stage)."""
+    return time.perf_counter if device.type == "cuda" else time.process_time
+
+
 def _pieces(model: nn.Module) -> List[Callable[..., torch.Tensor]]:
     """stem, every block (as a one-block slice of its stage: it keeps the stage's class,
     activation checkpointing included), head with the loss."""
@@ -60,24 +68,25 @@ def _pieces(model: nn.Module) -> List[Callable[..., torch.Tensor]]:
 def _one_pass(pieces, images, labels, autocast, device) -> Tuple[List[float], List[float]]:
     """Seconds of forward and of backward per piece, each piece in its own graph."""
     fwd, bwd, saved = [], [], []
+    clock = _clock(device)
     x = images
     for k, piece in enumerate(pieces):
         x = x.detach().requires_grad_(k > 0)
         _sync(device)
-        start = time.perf_counter()
+        start = clock()
         with autocast():
             out = piece(x, labels) if k == len(pieces) - 1 else piece(x)
         _sync(device)
-        fwd.append(time.perf_counter() - start)
+        fwd.append(clock() - start)
         saved.append((x, out))
         x = out
     grad = None
     for x, out in reversed(saved):
         _sync(device)
-        start = time.perf_counter()
+        start = clock()
         out.backward(grad)
         _sync(device)
-        bwd.append(time.perf_counter() - start)
+        bwd.append(clock() - start)
         grad = x.grad
     return fwd, bwd[::-1]
 
