@@ -122,6 +122,19 @@ def test_time_split_measures_once_then_reads_the_cache(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.gpu
+def test_time_split_times_blocks_on_the_gpu_with_bf16_and_channels_last(tmp_path):
+    """On CUDA the clock is wall time after a synchronise; the key names the GPU."""
+    from handler.PP.schedule import autocast_factory
+    from handler.PP.split import _decide
+    device = torch.device("cuda")
+    model = resnet20().to(device).to(memory_format=torch.channels_last)
+    record = _decide(model, "time", 2, model_name="resnet20", micro_batch=64, autocast=autocast_factory("bf16", device),
+                     amp="bf16", channels_last=True, cache_path=str(tmp_path / "pp_timing.json"))
+    assert len(record["block_fwd_ms"]) == 9 and all(t > 0 for t in record["block_bwd_ms"])
+    assert torch.cuda.get_device_name(device) in next(iter(json.loads((tmp_path / "pp_timing.json").read_text())))
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["--batch-size", "30", "--microbatches", "4"], "does not split into --microbatches 4"),
     (["--num_gpu", "4", "--model", "resnet20", "--pp-split", "params"], "--num_gpu 4 pipeline stages but resnet20 has 3 stages"),
