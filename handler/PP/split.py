@@ -45,7 +45,8 @@ def _decide(model: nn.Module, how: str, parts: int, *, model_name: str, micro_ba
             record["cache_problem"] = cache.problem
         costs = [f + b for f, b in zip(timing["fwd_ms"], timing["bwd_ms"])]
         groups = balanced_split(costs, parts)
-        record.update(block_fwd_ms=timing["fwd_ms"], block_bwd_ms=timing["bwd_ms"],
+        record.update(block_fwd_ms=[round(t, 3) for t in timing["fwd_ms"]],
+                      block_bwd_ms=[round(t, 3) for t in timing["bwd_ms"]],
                       stage_ms=[round(sum(costs[u] for u in g), 3) for g in groups])
     last = len(groups) - 1
     record.update(stage_blocks=[[g.start, g.stop] for g in groups], cuts=[g.start for g in groups[1:]],
