@@ -34,7 +34,9 @@ def _decide(model: nn.Module, how: str, parts: int, *, model_name: str, micro_ba
         groups = stage_groups_to_blocks(balanced_split(unit_params(model), parts), model)
     else:
         checkpointed = type(model_stages(model)[0]) is not nn.Sequential
-        key = cache_key(model_name, micro_batch, next(model.parameters()).device, amp, channels_last, checkpointed)
+        # The name with the size: two models under one name (tests, benches) never share timings.
+        shape = f"{model_name} ({sum(p.numel() for p in model.parameters())} parameters, {len(blocks(model))} blocks)"
+        key = cache_key(shape, micro_batch, next(model.parameters()).device, amp, channels_last, checkpointed)
         cache = TimingCache(cache_path)
         timing = cache.get(key)
         record.update(cache=cache_path, cache_hit=timing is not None)
