@@ -1,15 +1,21 @@
-"""Pipeline parallelism on CPU: img/s against micro-batches M, measured vs theoretical bubble, memory.
+"""Pipeline parallelism on CPU: both splits side by side, img/s against micro-batches M, bubble, memory.
 
     python -m bench.pp [--quick] [--json PATH]
 
-resnet20 split in W = 2 stages (handler/PP, the split train_cifar.py prints) trains on
-fixed synthetic batches with the pp step, each stage one process with one thread, for
-M in (1, 2, 4, 8) and both schedules (1F1B needs M >= W). A stage's measured bubble is
-1 - (seconds inside fwd/bwd of its micro-batches) / (seconds inside the schedule's step);
-theory is (W-1)/(M+W-1). Memory per rank: parameter bytes, and the peak of tensors
-autograd holds for backward (activations), counted through saved-tensor hooks (storage
-shared by several saves counted once, parameters not counted). The reference row is one
-process with the whole model accumulating M=4 micro-batches (the loop's --accum-steps).
+resnet20 split in W = 2 stages (handler/PP) trains on fixed synthetic batches with the pp
+step, each stage one process with one thread, for M in (1, 2, 4, 8), both schedules (1F1B
+needs M >= W) and both splits: `params` (the model cut between its own stages where
+parameters balance) and `time` (cut between blocks where the measured forward + backward
+time balances; timed once per micro-batch size, cached for the bench run). The two splits
+of one (schedule, M) run back to back, the first alternating, and their ratio is paired.
+The reference is one process with the whole model accumulating M=4 micro-batches (the
+loop's --accum-steps), run at the start and at the end; `x 1 proc` divides by their mean.
+
+A stage's measured bubble is 1 - (seconds inside fwd/bwd of its micro-batches) / (seconds
+inside the schedule's step); theory is (W-1)/(M+W-1). The slow stage is the one with the
+smaller bubble. Memory per rank: parameter bytes, and the peak of tensors autograd holds for
+backward (activations), counted through saved-tensor hooks (storage shared by several saves
+counted once, parameters not counted).
 """
 import dataclasses
 import json
@@ -21,17 +27,20 @@ from typing import Any, Dict
 
 import torch
 
-from bench.common import context, emit, fixed_batches, free_port, make_step, parser, table
+from bench.common import check_target, context, emit, fixed_batches, free_port, make_step, parser, ratio, table
 from handler.runtime.cpu_memory import keep_freed_memory
 from handler.train.loop import _optimise
 from handler.DDP.utils import destroy_process, initialize_group, run_process
 from handler.profiling.bubble import theoretical_bubble
 from handler.PP.schedule import Pipeline, model_to_pipeline
 from handler.PP.step import pipeline_step
+from handler.PP.timing import CACHE_NAME
 from models import build_model
 
-FULL: Dict[str, Any] = dict(model="resnet20", batch=64, warmup=2, steps=6, microbatches=(1, 2, 4, 8))
-QUICK: Dict[str, Any] = dict(model="resnet20", batch=8, warmup=1, steps=1, microbatches=(1, 2))
+FULL: Dict[str, Any] = dict(model="resnet20", batch=64, warmup=2, steps=10, microbatches=(1, 2, 4, 8))
+QUICK: Dict[str, Any] = dict(model="resnet20", batch=8, warmup=1, steps=1, microbatches=(2,))
+SPLITS = ("params", "time")
+GOAL = {"speedup": 1.5, "slow_stage_bubble": 0.15}  # time split, 2 stages over 1 process (docs/RESULTS.md)
 
 
 class SavedActivations:
@@ -75,7 +84,7 @@ class _Held:
         self.owner.release(self.ptr, self.nbytes)
 
 
-def worker(proc_id, world, schedule, m, port, size, out):
+def worker(proc_id, world, schedule, m, split, port, size, out):
     os.environ["OMP_NUM_THREADS"] = "1"
     me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=120)
     keep_freed_memory()
@@ -87,7 +96,8 @@ def worker(proc_id, world, schedule, m, port, size, out):
             model, run = raw, _optimise
         else:
             model, run = model_to_pipeline(raw, microbatches=m, schedule=schedule, batch_size=size["batch"],
-                                           amp="off", verbose=False), pipeline_step
+                                           amp="off", split=split, model_name=size["model"],
+                                           cache=str(Path(out).parent / CACHE_NAME), verbose=False), pipeline_step
         # The optimizer holds `raw`'s parameters: after model_to_pipeline, only this stage's.
         step = dataclasses.replace(make_step(raw, len(batches)), model=model, accum_steps=m if schedule is None else 1)
         step.model.train()
@@ -112,42 +122,82 @@ def worker(proc_id, world, schedule, m, port, size, out):
         rows = [None] * world
         torch.distributed.all_gather_object(rows, row)
         if me.rank == 0:
-            Path(out).write_text(json.dumps(rows))
+            split_record = model.split if schedule else {}
+            Path(out).write_text(json.dumps({"ranks": rows, "split": split_record}))
     finally:
         destroy_process()
 
 
-def measure(world, schedule, m, size, folder):
-    out = os.path.join(folder, f"{schedule}-{m}.json")
-    run_process(worker, (world, schedule, m, free_port(), size, out), nprocs=world, use_cuda=False)
+def measure(world, schedule, m, split, size, folder, tag=""):
+    out = os.path.join(folder, f"{schedule}-{m}-{split}{tag}.json")
+    run_process(worker, (world, schedule, m, split, free_port(), size, out), nprocs=world, use_cuda=False)
     return json.loads(Path(out).read_text())
+
+
+def _pairs(size, folder) -> list:
+    """Both splits of every (schedule, M), back to back, the first alternating."""
+    runs = []
+    configs = [(s, m) for s in ("gpipe", "1f1b") for m in size["microbatches"] if s == "gpipe" or m >= 2]
+    for k, (schedule, m) in enumerate(configs):
+        for split in (SPLITS if k % 2 == 0 else SPLITS[::-1]):
+            got = measure(2, schedule, m, split, size, folder)
+            runs.append({"split": split, "schedule": schedule, "stages": 2, "microbatches": m,
+                         "theoretical_bubble": theoretical_bubble(2, m), "ranks": got["ranks"], "cut": got["split"]})
+    return sorted(runs, key=lambda r: (r["schedule"] != "gpipe", r["microbatches"], r["split"]))
+
+
+def _summarise(runs, reference) -> dict:
+    """Per run: speed over one process and the slow stage's bubble; per config: time / params;
+    the goal checked on the time split's fastest run."""
+    base = sum(r["ranks"][0]["images_per_s"] for r in reference) / len(reference)
+    for r in runs:
+        r["speedup_over_1_process"] = ratio(r["ranks"][0]["images_per_s"], base)
+        r["slow_stage_bubble"] = min(x["bubble"] for x in r["ranks"])
+    by = {(r["schedule"], r["microbatches"], r["split"]): r for r in runs}
+    paired = {f"{s} M={m}": ratio(by[s, m, "time"]["ranks"][0]["images_per_s"], by[s, m, "params"]["ranks"][0]["images_per_s"])
+              for (s, m, split) in by if split == "time"}
+    best = max((r for r in runs if r["split"] == "time"), key=lambda r: r["speedup_over_1_process"])
+    goal = {"run": f"{best['schedule']} M={best['microbatches']}",
+            "speedup": check_target(best["speedup_over_1_process"], GOAL["speedup"]),
+            "slow_stage_bubble": {"value": best["slow_stage_bubble"], "target": GOAL["slow_stage_bubble"],
+                                  "met": bool(best["slow_stage_bubble"] < GOAL["slow_stage_bubble"])}}
+    return {"reference_images_per_s": [r["ranks"][0]["images_per_s"] for r in reference],
+            "time_over_params": paired, "goal": goal}
+
+
+def _stage_text(r) -> str:
+    ms = "/".join(f"{x:.0f}" for x in r["cut"].get("stage_ms", [])) or "-"
+    return f"{r['cut']['cuts']} {ms}"
 
 
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
     started = context("pp")
     size = QUICK if args.quick else FULL
-    runs = []
     with tempfile.TemporaryDirectory(prefix="bench-pp-") as folder:
-        for schedule in ("gpipe", "1f1b"):
-            for m in size["microbatches"]:
-                if schedule == "1f1b" and m < 2:
-                    continue
-                runs.append({"schedule": schedule, "stages": 2, "microbatches": m,
-                             "theoretical_bubble": theoretical_bubble(2, m), "ranks": measure(2, schedule, m, size, folder)})
-        runs.append({"schedule": "none (1 process, --accum-steps 4)", "stages": 1, "microbatches": 4,
-                     "theoretical_bubble": 0.0, "ranks": measure(1, None, 4, size, folder)})
+        reference = [{"ranks": measure(1, None, 4, "", size, folder, "start")["ranks"]}]
+        runs = _pairs(size, folder)
+        reference.append({"ranks": measure(1, None, 4, "", size, folder, "end")["ranks"]})
+    result = _summarise(runs, reference)
     mib = 2 ** 20
-    rows = [(r["schedule"], r["microbatches"], r["ranks"][0]["images_per_s"], r["theoretical_bubble"],
-             *(x["bubble"] for x in r["ranks"]), *([None] if len(r["ranks"]) == 1 else []),
-             *(x["param_bytes"] / mib for x in r["ranks"]), *([None] if len(r["ranks"]) == 1 else []),
-             *(x["activation_peak_bytes"] / mib for x in r["ranks"]), *([None] if len(r["ranks"]) == 1 else []))
+    rows = [(r["split"], r["schedule"], r["microbatches"], r["ranks"][0]["images_per_s"], r["speedup_over_1_process"],
+             r["theoretical_bubble"], *(x["bubble"] for x in r["ranks"]), _stage_text(r),
+             *(x["param_bytes"] / mib for x in r["ranks"]), *(x["activation_peak_bytes"] / mib for x in r["ranks"]))
             for r in runs]
+    for k, ref in enumerate(reference):
+        x = ref["ranks"][0]
+        rows.append(("1 process", "--accum-steps 4", 4, x["images_per_s"], "-", 0.0, "-", "-",
+                     "start" if k == 0 else "end", x["param_bytes"] / mib, "-", x["activation_peak_bytes"] / mib, "-"))
+    goal = result["goal"]
     text = (f"{size['model']}, global batch {size['batch']}, {size['steps']} timed steps, 2 stages x 1 thread "
-            f"(gloo, {os.cpu_count()} cores)\n"
-            + table(["schedule", "M", "img/s", "bubble theory", "bubble s0", "bubble s1",
-                     "params MiB s0", "params MiB s1", "activ. MiB s0", "activ. MiB s1"], rows))
-    return emit("pp", {**{k: v for k, v in size.items()}, "runs": runs}, args, text, started)
+            f"(gloo, {os.cpu_count()} cores); cuts in blocks, stage ms = measured fwd+bwd per micro-batch\n"
+            + table(["split", "schedule", "M", "img/s", "x 1 proc", "bubble theory", "bubble s0", "bubble s1",
+                     "cut, stage ms", "params MiB s0", "params MiB s1", "activ. MiB s0", "activ. MiB s1"], rows)
+            + "\ntime / params img/s: " + ", ".join(f"{k} {v:.2f}" for k, v in result["time_over_params"].items())
+            + f"\ngoal (time split, fastest run {goal['run']}): {goal['speedup']['value']:.2f}x over 1 process "
+              f"(target >= {GOAL['speedup']}), slow-stage bubble {100 * goal['slow_stage_bubble']['value']:.1f} % "
+              f"(target < {100 * GOAL['slow_stage_bubble']:.0f} %)")
+    return emit("pp", {**size, "runs": runs, "reference": reference, **result}, args, text, started)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ STEPS, BATCH = 3, 16
 
 
 def tiny_resnet(num_classes=10):
-    """Two ResNet stages with BatchNorm: small enough for a test, splittable in two."""
+    """Two ResNet stages with BatchNorm, small enough for a test: three equal blocks at
+    32x32 then one at 16x16, so the time split cuts inside the first model stage (after
+    block 1 or 2) and the parameter split between the two."""
     torch.manual_seed(0)
-    return ResNet((4, 8), (1, 1), num_classes, shortcut="A")
+    return ResNet((16, 16), (3, 1), num_classes, shortcut="A")
 
 
 MODELS.setdefault("pp_tiny", tiny_resnet)  # PipelineState finds the whole model's layout by name
@@ -51,16 +53,16 @@ class _Config:
         self.model, self.rank, self.world_size, self.is_main = "pp_tiny", rank, world, rank == 0
 
 
-def pp_worker(proc_id, world, port, microbatches, schedules, out_dir):
-    """For each schedule, train the tiny model from the same start as a W-stage pipeline
-    with the pp step; rank 0 saves the gathered whole-model state and the all-reduced
-    per-step sums as pp-<schedule>.pt."""
+def pp_worker(proc_id, world, port, microbatches, runs, out_dir):
+    """For each (schedule, split), train the tiny model from the same start as a W-stage
+    pipeline with the pp step; rank 0 saves the gathered whole-model state, the
+    all-reduced per-step sums and the split as pp-<schedule>-<split>.pt."""
     me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=60)
     try:
-        for schedule in schedules:
+        for schedule, split in runs:
             raw = tiny_resnet()
             pipe = model_to_pipeline(raw, microbatches=microbatches, schedule=schedule, batch_size=BATCH,
-                                     amp="off", verbose=False)
+                                     amp="off", split=split, verbose=False)
             batches = [(x if pipe.first else torch.empty(0, 3, 32, 32),
                         y if pipe.last else torch.empty(0, dtype=torch.long)) for x, y in fixed_batches(STEPS, BATCH)]
             optimizer, sums = run_steps(pipe, raw.parameters(), batches, optimise=pipeline_step)
@@ -68,7 +70,8 @@ def pp_worker(proc_id, world, port, microbatches, schedules, out_dir):
             torch.distributed.all_reduce(sums)
             state = PipelineState().capture(_Config(me.rank, world), raw, optimizer, tag="test")
             if me.rank == 0:
-                torch.save({**state, "sums": sums}, os.path.join(out_dir, f"pp-{schedule}.pt"))
+                torch.save({**state, "sums": sums, "split": pipe.split},
+                           os.path.join(out_dir, f"pp-{schedule}-{split}.pt"))
         torch.distributed.barrier()
     finally:
         destroy_process()

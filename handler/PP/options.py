@@ -5,15 +5,20 @@ from ..runtime.errors import need
 def check_options(cfg) -> None:
     """W stages of the model, each on its own process, M micro-batches per batch."""
     from models import MODELS
-    stages = len(MODELS[cfg.model]().stages)
+    from .stages import blocks, model_stages
+    model = MODELS[cfg.model]()
+    if cfg.pp_split == "params":  # cut only between the model's own stages
+        units, what = len(model_stages(model)), "stages"
+    else:
+        units, what = len(blocks(model)), "blocks"
     w, m = cfg.world_size, cfg.microbatches
     need(m >= 1, f"--microbatches {m}: use 1 or more")
     need(cfg.batch_size % m == 0, f"--batch-size {cfg.batch_size} does not split into --microbatches {m} "
                                   f"equal micro-batches; use a multiple of {m}")
     need(cfg.batch_size // m >= 2, f"--batch-size {cfg.batch_size} in {m} micro-batches gives "
                                    f"{cfg.batch_size // m} image each; BatchNorm needs at least 2")
-    need(w <= stages, f"--num_gpu {w} pipeline stages but {cfg.model} has {stages} stages to split; "
-                      f"use --num_gpu 1..{stages}")
+    need(w <= units, f"--num_gpu {w} pipeline stages but {cfg.model} has {units} {what} to split "
+                     f"(--pp-split {cfg.pp_split}); use --num_gpu 1..{units}")
     need(cfg.pp_schedule != "1f1b" or m >= w, f"--pp-schedule 1f1b needs at least one micro-batch per "
                                               f"stage: use --microbatches {w} or more, or --pp-schedule gpipe")
     need(cfg.accum_steps == 1, "--accum-steps with --mode pp: the pipeline already accumulates its "

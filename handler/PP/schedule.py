@@ -6,9 +6,11 @@ moment the stage hands the schedule its communication until its next piece of wo
 which is where it waits for a neighbour (DESIGN.md §4).
 """
 import inspect
+import sys
 import time
 from contextlib import nullcontext
 from functools import partial
+from typing import Optional
 
 import torch
 import torch.distributed as tdist
@@ -17,7 +19,8 @@ import torch.nn.functional as F
 from ..runtime.errors import UserError
 from ..runtime.nvtx import nvtx_range
 from ..runtime.phases import no_timer
-from .stages import StageModule, balanced_split, boundary_shapes, describe, prune, unit_params
+from .split import plan_split, stage_units
+from .stages import StageModule, boundary_shapes, prune
 
 try:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -100,6 +103,7 @@ class Pipeline:
         self.module, self.index, self.stages = module, index, stages
         self.first, self.last = index == 0, index == stages - 1
         self.microbatches, self.device = microbatches, device
+        self.split: dict = {}  # handler/PP/split.py's record, set by model_to_pipeline
         self.in_shape, self.wire_dtype = in_shape, module.wire_dtype
         mb = batch_size // microbatches
         # Shapes given up front (on the meta device): no inference pass, which would run
@@ -153,24 +157,32 @@ def autocast_factory(amp: str, device):
 
 
 def model_to_pipeline(model, *, microbatches: int, schedule: str, batch_size: int, amp: str,
-                      channels_last: bool = False, verbose: bool = True) -> Pipeline:
+                      channels_last: bool = False, split: str = "time", model_name: str = "",
+                      cache: Optional[str] = None, verbose: bool = True) -> Pipeline:
     """Keep this rank's stage of `model` (pruned in place: the optimizer and checkpoints
-    then see only its parameters) and build its pipeline. Rank r runs stage r."""
+    then see only its parameters) and build its pipeline. Rank r runs stage r; `split`
+    picks the cut (handler/PP/split.py), timings cached in the file `cache`."""
     require_pipelining()
     index, stages = tdist.get_rank(), tdist.get_world_size()
     device = next(model.parameters()).device
-    sizes = unit_params(model)
-    groups = balanced_split(sizes, stages)
+    autocast = autocast_factory(amp, device)
+    record = plan_split(model, split, model_name=model_name or type(model).__name__,
+                        micro_batch=batch_size // microbatches, autocast=autocast, amp=amp,
+                        channels_last=channels_last, cache_path=cache)
     shapes = boundary_shapes(model, device)
     if verbose and index == 0:
-        print(f"pp: {describe(groups, sizes)}", flush=True)
-    units = groups[index]
+        print(f"pp: {record['text']}", flush=True)
+        if record.get("cache_problem"):
+            print(f"warning: pp: {record['cache_problem']}", file=sys.stderr, flush=True)
+    units = stage_units(record, index)
     first, last = index == 0, index == stages - 1
     in_shape = (3, 32, 32) if first else shapes[units[0] - 1]
     prune(model, units, first, last)
     num_classes = model.head.out_features if last else 1
     out_shape = (num_classes,) if last else shapes[units[-1]]
     wire = torch.bfloat16 if amp == "bf16" else torch.float32
-    module = StageModule(model, units, first, last, autocast_factory(amp, device), wire)
-    return Pipeline(module, index, stages, device, microbatches, schedule, batch_size, in_shape, out_shape,
+    module = StageModule(model, units, first, last, autocast, wire)
+    pipe = Pipeline(module, index, stages, device, microbatches, schedule, batch_size, in_shape, out_shape,
                     channels_last)
+    pipe.split = record
+    return pipe

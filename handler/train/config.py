@@ -56,6 +56,7 @@ class Config:
     dp_balanced: bool = False
     dali_source: str = ""  # "" = $HARNESS_DALI_SOURCE or the measured default
     pp_schedule: str = "1f1b"
+    pp_split: str = "time"
     microbatches: int = 4
     comm_hook: str = "allreduce"
     powersgd_rank: int = 2
@@ -164,6 +165,9 @@ def build_parser(modes) -> argparse.ArgumentParser:
     p.add_argument("--pp-schedule", choices=PP_SCHEDULES, default=d.pp_schedule,
                    help="pp: GPipe (all forwards, then all backwards) or 1F1B (a backward as soon as "
                         "possible, so fewer micro-batches' activations are alive at once)")
+    p.add_argument("--pp-split", choices=("params", "time"), default=d.pp_split,
+                   help="pp: cut the model where parameters balance, or where measured forward+backward "
+                        "time per block balances (timed once, cached in CKPT/pp_timing.json)")
     p.add_argument("--microbatches", type=int, default=d.microbatches, metavar="M",
                    help="pp: micro-batches per global batch; the pipeline bubble is (W-1)/(M+W-1)")
     p.add_argument("--comm-hook", choices=COMM_HOOKS, default=d.comm_hook,
@@ -264,7 +268,8 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     need(not cfg.dp_balanced or cfg.mode == "dp", "--dp-balanced changes DataParallel; use it with --mode dp")
     need(not cfg.dali_source or cfg.mode == "ddp_dali",
          f"--dali-source picks ddp_dali's input files; use it with --mode ddp_dali, or drop it for --mode {cfg.mode}")
-    shaped = changed_options(cfg, (("--pp-schedule", "pp_schedule"), ("--microbatches", "microbatches")))
+    shaped = changed_options(cfg, (("--pp-schedule", "pp_schedule"), ("--microbatches", "microbatches"),
+                                    ("--pp-split", "pp_split")))
     need(not shaped or cfg.mode == "pp",
          f"{' '.join(shaped)} shape{'s' if len(shaped) == 1 else ''} the pipeline of --mode pp; use --mode pp, "
          f"or drop {'it' if len(shaped) == 1 else 'them'} for --mode {cfg.mode}")

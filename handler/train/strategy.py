@@ -18,6 +18,7 @@ class Strategy:
     state: ModelState = field(default_factory=PlainState)  # how model/optimizer state enters checkpoints
     lockstep_eval: bool = False  # forward is a collective (FSDP): every rank runs the same eval steps
     notes: Tuple[str, ...] = ()  # fallbacks to record in the metrics
+    record: Optional[Callable] = None  # wrapped model -> {key: value} added to the metrics' env (pp: its split)
     # A mode's own training step, (Step, images, labels, timer) -> device sums (loss*n, correct),
     # and evaluation, (wrapped model, loader, name, device, ...) -> dict; None: the loop's own,
     # the evaluation on the unwrapped model after rank 0's BatchNorm statistics are broadcast.

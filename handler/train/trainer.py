@@ -124,7 +124,7 @@ def fit(cfg, strategy: Strategy) -> dict:
         rank0.say(cfg, f"warning: {capture_note}", err=True)
     profiled = describe(capture.window, cfg.epochs) if profiler_attached() else None
     env = {**environment(cfg, notes, hosts), "profiled_epochs": capture.epochs(start_epoch, last_epoch)
-           if profiled else None}
+           if profiled else None, **(strategy.record(model) if strategy.record else {})}
     metrics = MetricsFile(cfg, env, history) if cfg.is_main else None
     rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "

@@ -1,6 +1,6 @@
 """A rank stopped mid-epoch on NCCL is named by the heartbeat, not aborted by NCCL's watchdog.
 
-The CPU twin (tests/training/test_faults.py) proves it on gloo. On NCCL the group's timeout
+The CPU twin (tests/faults/test_faults.py) proves it on gloo. On NCCL the group's timeout
 is --dist-timeout + 30 s (handler/DDP/utils.py: group_timeout_s), so the heartbeat's limit
 (a third of --dist-timeout) comes first and NCCL's watchdog never tears rank 0 down with
 SIGABRT before it says which peer went silent. `gpus(2)`: skipped below 2 GPUs.
@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from tests.training.test_faults import (LONG, NAMED_WITHIN, STOP_TIMEOUT, alive, descendants, finish, none_alive,
+from tests.faults.test_faults import (LONG, NAMED_WITHIN, STOP_TIMEOUT, alive, descendants, finish, none_alive,
                                         output, ranks_of, start, wait_for_text)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2)]

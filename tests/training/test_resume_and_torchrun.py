@@ -1,5 +1,5 @@
 """Resumed runs equal straight runs; torchrun on two nodes trains too. (torchrun on one node
-with 2 processes: tests/training/test_faults.py's elastic-restart run trains to the end under it.)"""
+with 2 processes: tests/faults/test_faults.py's elastic-restart run trains to the end under it.)"""
 import os
 import socket
 import subprocess
