@@ -63,7 +63,7 @@ def checks_for(gpus: int, args: argparse.Namespace, bf16: bool) -> List[Check]:
     if args.rehearse:
         checks = rehearse(checks)
     only = [name.strip() for name in args.only.split(",") if name.strip()]
-    return select(checks, only, parse_part(args.part))
+    return select(checks, only, parse_part(args.part), REHEARSAL if args.rehearse else GPU)
 
 
 def say_plan(checks: List[Check], scale: Scale, budget: float) -> None:
@@ -97,7 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     scale = REHEARSAL if args.rehearse else GPU
     if args.list:
         for check in checks:
-            print(f"{estimate_s(check, scale):5.0f} s  {check.name}" + (f"  (skipped: {check.skip})" if check.skip else ""))
+            skipped = f"  (skipped: {check.skip})" if check.skip else ""
+            print(f"{estimate_s(check, scale):5.0f} s  {check.name}{skipped}")
         return 0
     return run(checks, args, scale)
 

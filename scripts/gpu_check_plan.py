@@ -13,6 +13,8 @@ Expect = Tuple[Tuple[str, object], ...]  # (metrics path "env.backend", value) p
 ONE_GPU_MODES_TEST = "test_every_mode_trains_end_to_end_on_one_gpu"  # tests/machine/test_gpu.py
 SIGSTOP_TEST = "test_sigstopped_rank_is_named_on_nccl"  # a gpus(2) test in tests/machine/
 DALI_SOURCES = ("memory", "raw", "jpeg")
+# pytest selects markers by name: tests marked only gpus(2) are not `gpu` to -m.
+GPU_TESTS = "gpu or gpus"
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = Tr
     no_dali = "" if dali else "NVIDIA DALI is not installed"
     no_bf16 = "" if bf16 else "this GPU has no bf16 (torch.cuda.is_bf16_supported() is False)"
     no_pytest = "" if pytest_ok else "pytest is not installed"
-    checks = [Check("gpu-marked tests", "pytest", ("-m", "gpu", "tests", "-k",
+    checks = [Check("gpu-marked tests", "pytest", ("-m", GPU_TESTS, "tests", "-k",
                                                    f"not {ONE_GPU_MODES_TEST} and not {SIGSTOP_TEST}"),
                     skip=no_pytest)] if tests else []
     checks += [
@@ -90,8 +92,8 @@ def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = Tr
 
 
 def two_gpu_pass(no_dali: str, no_pytest: str, amp: str, tests: bool) -> List[Check]:
-    sigstop = [Check("2 GPUs: a SIGSTOPped rank is named", "pytest", ("tests/machine", "-m", "gpu", "-k", SIGSTOP_TEST),
-                     gpus=2, skip=no_pytest)] if tests else []
+    sigstop = [Check("2 GPUs: a SIGSTOPped rank is named", "pytest",
+                     ("tests/machine", "-m", GPU_TESTS, "-k", SIGSTOP_TEST), gpus=2, skip=no_pytest)] if tests else []
     return [
         train("2 GPUs: dp splits the batch", "--mode", "dp", gpus=2),
         train("2 GPUs: dp --dp-balanced", "--mode", "dp", "--dp-balanced", gpus=2),
@@ -132,9 +134,10 @@ def estimate_s(check: Check, scale: Scale = GPU) -> float:
     return LAUNCHES[check.kind] * LAUNCH_S[scale.device] * (1.2 if check.gpus > 1 else 1.0)
 
 
-def select(checks: Sequence[Check], only: Sequence[str] = (), part: Tuple[int, int] = (1, 1)) -> List[Check]:
+def select(checks: Sequence[Check], only: Sequence[str] = (), part: Tuple[int, int] = (1, 1),
+           scale: Scale = GPU) -> List[Check]:
     """The checks named by --only (shell patterns; each must match one), then part K of N:
-    consecutive checks, cut where the estimates add up to about 1/N of the total each."""
+    consecutive checks, cut where the estimates at this scale add up to about 1/N each."""
     if only:
         unmatched = [p for p in only if not any(fnmatch.fnmatchcase(c.name, p) for c in checks)]
         if unmatched:
@@ -143,7 +146,7 @@ def select(checks: Sequence[Check], only: Sequence[str] = (), part: Tuple[int, i
     k, n = part
     if not checks:
         return []
-    costs = [estimate_s(c) or 1.0 for c in checks]  # the GPU's; a skipped check still has a part
+    costs = [estimate_s(c, scale) or 1.0 for c in checks]  # a skipped check still has a part
     total, before, chosen = sum(costs), 0.0, []
     for check, cost in zip(checks, costs):
         if min(n - 1, int((before + cost / 2) / total * n)) == k - 1:

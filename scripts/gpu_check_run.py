@@ -30,9 +30,10 @@ class Result:
 
 
 def lookup(metrics: dict, dotted: str) -> object:
+    """metrics["env"]["backend"] for "env.backend"; None where the path ends early."""
     value: object = metrics
     for part in dotted.split("."):
-        value = value[part]  # type: ignore[index]  # the metrics JSON's nested dicts
+        value = value.get(part) if isinstance(value, dict) else None
     return value
 
 
