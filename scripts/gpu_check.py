@@ -109,9 +109,11 @@ def run(checks: List[Check], args: argparse.Namespace, scale: Scale) -> int:
     say_plan(checks, scale, args.budget)
     print(f"gpu_check: {env['gpus']} x {env['gpu']}; logs under {out}/runs", flush=True)
     hidden = {"CUDA_VISIBLE_DEVICES": ""} if args.rehearse else {}
-    results = run_all(checks, Runner(sys.executable, out, scale, hidden), budget_s=args.budget, scale=scale)
     k, n = parse_part(args.part)
-    md, js = write_reports(results, env, out, "gpu_check" if n == 1 else f"gpu_check_part{k}of{n}")
+    stem = "gpu_check" if n == 1 else f"gpu_check_part{k}of{n}"
+    results = run_all(checks, Runner(sys.executable, out, scale, hidden), budget_s=args.budget, scale=scale,
+                      after=lambda done: write_reports(done, env, out, stem))
+    md, js = write_reports(results, env, out, stem)
     print(md.read_text(), end="")
     print(f"gpu_check: wrote {md} and {js}")
     if any(r.result == "fail" for r in results):

@@ -166,9 +166,11 @@ class Runner:
 
 
 def run_all(checks: List[Check], runner: Callable[[Check], str], say: Callable[..., None] = print,
-            budget_s: float = 0, scale: Scale = GPU, clock: Callable[[], float] = time.perf_counter) -> List[Result]:
-    """Each check in turn, one progress line each. With a budget, a check whose estimate no
-    longer fits in what is left is not started, and its row says so."""
+            budget_s: float = 0, scale: Scale = GPU, clock: Callable[[], float] = time.perf_counter,
+            after: Callable[[List[Result]], object] = lambda results: None) -> List[Result]:
+    """Each check in turn, one progress line each, and `after(results so far)` after each (the
+    report is rewritten: a command killed from outside leaves the rows it finished). With a
+    budget, a check whose estimate no longer fits in what is left is not started; its row says so."""
     results: List[Result] = []
     began = clock()
     for i, check in enumerate(checks, 1):
@@ -177,17 +179,17 @@ def run_all(checks: List[Check], runner: Callable[[Check], str], say: Callable[.
         if check.skip:
             say(f"{head} skipped: {check.skip}", flush=True)
             results.append(Result(check.name, "skip", 0.0, check.skip, check.note))
-            continue
-        if estimate_s(check, scale) > left:
+        elif estimate_s(check, scale) > left:
             why = (f"not started: its estimate {estimate_s(check, scale):.0f} s is over the "
                    f"{max(left, 0):.0f} s left of --budget {budget_s:g}")
             say(f"{head} NOT RUN: {why}", flush=True)
             results.append(Result(check.name, "not run", 0.0, why, check.note))
-            continue
-        say(head, end=" ", flush=True)
-        problem, seconds = timed(runner, check, clock)
-        results.append(Result(check.name, "fail" if problem else "pass", round(seconds, 1), problem, check.note))
-        say(f"{'FAIL' if problem else 'ok'} {seconds:.1f} s{': ' + problem if problem else ''}", flush=True)
+        else:
+            say(head, end=" ", flush=True)
+            problem, seconds = timed(runner, check, clock)
+            results.append(Result(check.name, "fail" if problem else "pass", round(seconds, 1), problem, check.note))
+            say(f"{'FAIL' if problem else 'ok'} {seconds:.1f} s{': ' + problem if problem else ''}", flush=True)
+        after(results)
     return results
 
 

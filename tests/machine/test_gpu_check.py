@@ -166,8 +166,10 @@ def test_progress_lines_and_a_failing_launch_make_fail_rows_in_the_table_and_jso
     checks = rehearsal.rehearse([gpu_check.train("ddp", "--mode", "ddp", env__backend="nccl"),
                                  gpu_check.train("fp16 (GradScaler)", "--mode", "ddp", "--amp", "fp16")])
     said = []
-    results = run_all(checks, Runner("false", tmp_path, planning.REHEARSAL), lambda *a, **k: said.append(" ".join(a)))
-    assert [r.result for r in results] == ["fail", "skip"]
+    written = []  # the report is rewritten after each check
+    results = run_all(checks, Runner("false", tmp_path, planning.REHEARSAL), lambda *a, **k: said.append(" ".join(a)),
+                      after=lambda done: written.append([r.result for r in done]))
+    assert [r.result for r in results] == ["fail", "skip"] and written == [["fail"], ["fail", "skip"]]
     assert results[0].detail.startswith("exit 1; see ") and results[0].note == rehearsal.GLOO
     assert said[0] == "[1/2] ddp ..." and said[1].startswith("FAIL ") and " s: exit 1" in said[1]
     assert said[2].startswith("[2/2] fp16 (GradScaler) ... skipped: GPU only: ")
