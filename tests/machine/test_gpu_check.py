@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh: without a GPU one line and exit 2; its plan for 1 and 2 GPUs; its
 rehearsal on this CPU, end to end through the real environment(), plan(), run_all() and
 write_reports(); --only, --part, --budget and the progress lines. docs/GPU_CHECK.md."""
+import contextlib
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT, run_process
+from tests.parallel import one_at_a_time
 
 spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
 assert spec and spec.loader
@@ -23,9 +25,9 @@ from scripts import gpu_check_rehearse as rehearsal  # noqa: E402
 from scripts.gpu_check_report import environment, write_reports  # noqa: E402
 from scripts.gpu_check_run import Result, Runner, run_all, verify  # noqa: E402
 
-# The rehearsal runs in the suite in parts (--part k/4) of about 45 s each by its estimates;
+# The rehearsal runs in the suite in parts (--part k/6) of about 30 s each by its estimates;
 # seconds measured per part on 2 cores (docs/GPU_CHECK.md "Rehearsal").
-REHEARSAL_PARTS = 4
+REHEARSAL_PARTS = 6
 REHEARSAL_PART_BUDGET = 60
 
 
@@ -263,12 +265,15 @@ def test_the_rehearsal_runs_its_part_of_the_gpu_plan_on_this_cpu_end_to_end(k, t
     # The whole rehearsal, in parts so that no test runs long: the real gpu_check.sh,
     # environment(), plan(), run_all() and write_reports(), every launch real, on this CPU.
     part = f"{k}/{REHEARSAL_PARTS}"
-    run = run_process(["bash", ROOT / "scripts" / "gpu_check.sh", "--rehearse", "--part", part, "--out", tmp_path],
-                      env={"PYTHON": sys.executable}, budget=REHEARSAL_PART_BUDGET)
+    whole = rehearsal.rehearse(full_plan(2, nsys=shutil.which("nsys") is not None))
+    names = [c.name for c in planning.select(whole, part=(k, REHEARSAL_PARTS), scale=planning.REHEARSAL)]
+    # nsys sessions that start together can fail (tests/parallel.py): profiled runs take turns.
+    with one_at_a_time("nsys") if "profiled run (nsys)" in names else contextlib.nullcontext():
+        run = run_process(["bash", ROOT / "scripts" / "gpu_check.sh", "--rehearse", "--part", part, "--out", tmp_path],
+                          env={"PYTHON": sys.executable}, budget=REHEARSAL_PART_BUDGET)
     data = json.loads((tmp_path / f"gpu_check_part{k}of{REHEARSAL_PARTS}.json").read_text())
     rows = {row["check"]: row for row in data["checks"]}
-    whole = rehearsal.rehearse(full_plan(2, nsys=shutil.which("nsys") is not None))
-    assert list(rows) == [c.name for c in planning.select(whole, part=(k, REHEARSAL_PARTS), scale=planning.REHEARSAL)]
+    assert list(rows) == names
     assert data["env"]["rehearsal"] is True and data["env"]["gpus"] == 0
     sigstop = rows.pop("2 GPUs: a SIGSTOPped rank is named", None)
     absent = sigstop is not None and not sigstop_test_is_here()
