@@ -68,7 +68,8 @@ def checks_for(gpus: int, args: argparse.Namespace, bf16: bool) -> List[Check]:
 
 def say_plan(checks: List[Check], scale: Scale, budget: float) -> None:
     total = sum(estimate_s(c, scale) for c in checks)
-    where = ("on this CPU (measured on 2 cores; CPU times say nothing about GPU times)" if scale is REHEARSAL
+    where = ("on this CPU (about 5 s a launch on an idle 2-core machine; CPU times say nothing about GPU times)"
+             if scale is REHEARSAL
              else "on one H100 (a per-check table read from the code, never measured on a GPU)")
     print(f"gpu_check: {len(checks)} checks; ESTIMATE {total / 60:.1f} min {where}"
           + (f"; --budget {budget:g} s" if budget else ""), flush=True)

@@ -25,9 +25,9 @@ from scripts import gpu_check_rehearse as rehearsal  # noqa: E402
 from scripts.gpu_check_report import environment, write_reports  # noqa: E402
 from scripts.gpu_check_run import Result, Runner, run_all, verify  # noqa: E402
 
-# The rehearsal runs in the suite in parts (--part k/6) of about 30 s each by its estimates;
+# The rehearsal runs in the suite in parts (--part k/8) of about 25 s each by its estimates;
 # seconds measured per part on 2 cores (docs/GPU_CHECK.md "Rehearsal").
-REHEARSAL_PARTS = 6
+REHEARSAL_PARTS = 8
 REHEARSAL_PART_BUDGET = 60
 
 
