@@ -5,6 +5,7 @@ docs/GPU_CHECK.md.
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -123,7 +124,7 @@ class Runner:
         cmd = [self.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *check.args]
         proc = self.run(cmd, folder, timeout=PYTEST_TIMEOUT_S)
         if proc.returncode == NO_TESTS_COLLECTED:
-            return f"no test selected by `{' '.join(check.args)}`: not in this checkout; see {folder}/log.txt"
+            return f"no test selected by `{shlex.join(check.args)}`: not in this checkout; see {folder}/log.txt"
         return "" if proc.returncode == 0 else f"pytest exit {proc.returncode}; see {folder}/log.txt"
 
     def sigterm(self, check: Check, folder: Path) -> str:
