@@ -34,7 +34,8 @@ held = {}  # one_at_a_time names this worker holds
 
 # Files whose tests start training processes, slowest unit (a group or a test) first, from
 # --durations with two workers on the 2-core box. A new file of slow tests belongs here.
-SLOW_FIRST = ("test_launch.py", "test_comm_hooks.py", "test_compare.py", "test_pp.py", "test_resume_and_torchrun.py",
+SLOW_FIRST = ("test_gpu_check.py", "test_launch.py", "test_comm_hooks.py", "test_compare.py", "test_pp.py",
+              "test_resume_and_torchrun.py",
               "test_faults.py", "test_toolbox.py", "test_bench.py", "test_training_modes.py", "test_safety.py",
               "test_launch_safety.py", "test_cpu_machine.py", "test_nvtx_overhead.py", "test_profile_report.py",
               "test_devices.py", "test_nsys_install.py", "test_ddp_correctness.py", "test_hosts.py")

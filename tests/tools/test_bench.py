@@ -50,6 +50,7 @@ def test_overhead_bench_compares_the_harness_loop_to_a_bare_loop(tmp_path):
     assert data["nvtx_active"] is True
     assert data["ratio_to_bare"]["bare"] == pytest.approx(1.0)
     assert positive(data["target"]["value"])
+    assert data["steps_per_block"] >= data["steps"] and data["block_s"] > 0
 
 
 def test_ddp_scaling_bench_measures_three_configurations_and_the_no_allreduce_ceiling(tmp_path):
