@@ -104,7 +104,7 @@ def fit(cfg, strategy: Strategy) -> dict:
         evaluate_on = partial(strategy.evaluate, model, device=device, autocast=step.autocast)
     save = partial(_save, cfg, strategy.state, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     notes = strategy.notes + resume_notes
-    if optimizer_note:
+    if optimizer_note:  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_with_every_flag_validate_accepts_for_it_on_gpus[fsdp-1]
         notes += (optimizer_note,)
         rank0.say(cfg, f"warning: {optimizer_note}", err=True)
     if cfg.amp == "bf16" and device.type == "cpu":
