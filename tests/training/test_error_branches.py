@@ -1,0 +1,125 @@
+"""The one-line errors and fallbacks of small helpers, in-process: each costs milliseconds,
+and a run through the CLI would only reach them by a slower road."""
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from handler.runtime import cpu_memory, cpu_precision
+from handler.runtime.errors import UserError, one_line_errors
+from handler.runtime.umask import apply_user_umask
+from handler.train.checkpoint import FORMAT, PlainState, load_checkpoint, save_atomic
+from handler.train.config import Config
+from handler.train.preflight import _earlier_run
+
+
+@pytest.mark.parametrize("value", ["abc", "1777", "-1"])
+def test_a_umask_that_is_not_octal_0_to_777_is_one_line(value, monkeypatch):
+    monkeypatch.setenv("HARNESS_UMASK", value)
+    with pytest.raises(UserError, match=f"HARNESS_UMASK='{value}' is not an octal umask"):
+        apply_user_umask()
+
+
+def test_a_valid_umask_is_applied(monkeypatch):
+    monkeypatch.setenv("HARNESS_UMASK", "0027")
+    before = os.umask(0o022)
+    try:
+        apply_user_umask()
+        assert os.umask(0o022) == 0o027
+    finally:
+        os.umask(before)
+
+
+def test_a_failed_save_leaves_no_temp_file_and_keeps_the_old_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    save_atomic({"format": FORMAT, "model": {}}, str(path))
+    with pytest.raises(Exception):
+        save_atomic({"model": lambda: None}, str(path))  # a lambda cannot be pickled
+    assert os.listdir(tmp_path) == ["last.pt"]
+    assert load_checkpoint(str(path), "cpu")["model"] == {}
+
+
+def test_a_torch_file_not_written_by_the_harness_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"state_dict": {}}, path)
+    with pytest.raises(UserError, match="not a checkpoint written by this harness"):
+        load_checkpoint(str(path), "cpu")
+
+
+def test_a_sharded_checkpoint_resumed_by_a_plain_mode_names_fsdp():
+    with pytest.raises(UserError, match="sharded \\(fsdp\\) state; resume it with --mode fsdp"):
+        PlainState().restore({"shards": "shards-e1"}, "last.pt", model=None, optimizer=None)
+
+
+def test_a_plain_checkpoint_resumed_by_fsdp_names_its_mode():
+    from handler.FSDP.checkpoint import ShardedState
+    with pytest.raises(UserError, match="unsharded state from another mode; resume it with --mode pp"):
+        ShardedState().restore({"model": {}, "config": {"mode": "pp"}}, "last.pt", model=None, optimizer=None)
+
+
+def test_an_unreadable_earlier_last_pt_still_stops_a_fresh_start(tmp_path):
+    (tmp_path / "last.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="already holds a file this harness cannot read"):
+        _earlier_run(Config(ckpt=str(tmp_path)), restarted=False)
+
+
+def test_harness_glibc_defaults_keeps_the_allocator_as_it_is(monkeypatch):
+    monkeypatch.setenv("HARNESS_GLIBC_DEFAULTS", "1")
+    assert cpu_memory._apply() == "glibc defaults (HARNESS_GLIBC_DEFAULTS=1)"
+
+
+@pytest.mark.parametrize("libc, said", [
+    (OSError("libc.so.6: cannot open"), "platform default (no glibc mallopt)"),
+    (type("Refusing", (), {"mallopt": staticmethod(lambda option, value: 0)})(),
+     "glibc defaults (mallopt refused the thresholds)"),
+])
+def test_an_allocator_without_mallopt_or_refusing_it_is_said_not_hidden(libc, said, monkeypatch):
+    # The C library is the boundary: this machine's glibc accepts the thresholds, so a
+    # platform without glibc (musl, macOS) and a refusing mallopt are stood in for here.
+    for name in [k for k in os.environ if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD",
+                                                                          "HARNESS_GLIBC_DEFAULTS")]:
+        monkeypatch.delenv(name)
+
+    def cdll(name):
+        if isinstance(libc, Exception):
+            raise libc
+        return libc
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    assert cpu_memory._apply() == said
+
+
+def test_an_unreadable_cpuinfo_counts_as_emulated_bf16(tmp_path, monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert cpu_precision.native_bf16(str(tmp_path / "no-cpuinfo")) is False
+
+
+def test_a_cpu_with_native_bf16_gets_no_note(monkeypatch):
+    # The CPU's flags are the hardware boundary: this machine may lack avx512_bf16.
+    monkeypatch.setattr(cpu_precision, "native_bf16", lambda: True)
+    assert cpu_precision.bf16_note() == ""
+
+
+def test_ctrl_c_inside_one_line_errors_is_one_line_and_exit_130():
+    code = ("import os, signal, time\n"
+            "from handler.runtime.errors import one_line_errors\n"
+            "with one_line_errors('train'):\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and err.strip() == "train: interrupted"
+
+
+def test_one_line_errors_turns_a_user_error_into_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        with one_line_errors("bench"):
+            raise UserError("--x is wrong; use --y")
+    assert stop.value.code == 2 and capsys.readouterr().err == "bench: --x is wrong; use --y\n"
