@@ -6,9 +6,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import handler.runtime.dist as harness_dist
 import handler.runtime.nvtx as harness_nvtx
 from handler.modes import parse_config
 from handler.runtime.errors import UserError
+from handler.DDP.checkpoint import HookedState
 from handler.DDP.comm_hook import CommHook, in_ranges
 from handler.DDP.model import model_to_DDP
 from models import build_model
@@ -49,6 +51,7 @@ def group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+    harness_dist.forget_groups()  # the cached gloo side group belonged to this process group
 
 
 class Recorder:
@@ -168,6 +171,34 @@ def test_powersgd_state_from_a_checkpoint_continues_bit_for_bit(group):
     assert all(torch.equal(x, y) for x, y in zip(straight[-1], resumed(copy.deepcopy(saved))[-1]))
     lost = resumed(None)  # control: without the saved memory the run takes another path
     assert not all(torch.equal(x, y) for x, y in zip(straight[-1], lost[-1]))
+
+
+def test_powersgd_state_from_another_world_size_and_rank_continues_from_the_mean_error(group):
+    torch.manual_seed(0)
+    seed_model = build_model("resnet20", 10)
+    ddp, raw, comm = _powersgd_model(seed_model, cap_mb=0.1)
+    _train(ddp, raw, _batches(4, seed=1))
+    saved = comm.state_dict()
+    doubled = {name: {**piece, "error": piece["error"] * 3} for name, piece in saved["ranks"][0].items()}
+    two_ranks = {**saved, "world_size": 2, "rank": saved["rank"] + 1, "ranks": [saved["ranks"][0], doubled]}
+    said = []
+    again, raw_again, comm_again = _powersgd_model(seed_model, cap_mb=0.1)
+    comm_again.load_state_dict(two_ranks, say=said.append)
+    assert "saved on 2 ranks continues on 1" in said[0] and "P and Q start afresh" in said[1]
+    name, piece = next(iter(comm_again.powersgd.pool.items()))
+    assert torch.allclose(piece["error"], saved["ranks"][0][name]["error"] * 2) and piece["q"] is None
+    assert all(torch.isfinite(p).all() for p in _train(again, raw_again, _batches(3, seed=2))[-1])
+
+
+def test_a_powersgd_checkpoint_resumed_with_another_hook_says_its_state_is_unused(group, capsys):
+    torch.manual_seed(0)
+    ddp, raw, comm = _powersgd_model(build_model("resnet20", 10), cap_mb=0.1)
+    _train(ddp, raw, _batches(3, seed=1))
+    opt = torch.optim.SGD(raw.parameters(), lr=0.05)
+    ckpt = {"model": raw.state_dict(), "optimizer": opt.state_dict(), "comm_hook": comm.state_dict()}
+    HookedState(CommHook(name="allreduce")).restore(ckpt, "last.pt", raw, opt)
+    assert capsys.readouterr().err == ("note: the checkpoint's powersgd state is not used with "
+                                       "--comm-hook allreduce\n")
 
 
 # ---- end to end: train_cifar.py on the tests' learnable synthetic set ------------------------
