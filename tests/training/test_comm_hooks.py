@@ -13,7 +13,7 @@ import handler.runtime.nvtx as harness_nvtx
 from handler.modes import parse_config
 from handler.runtime.errors import UserError
 from handler.DDP.checkpoint import HookedState
-from handler.DDP.comm_hook import CommHook, in_ranges
+from handler.DDP.comm_hook import CommHook, check_backend_carries, in_ranges
 from handler.DDP.model import model_to_DDP
 from handler.DDP.powersgd import _settle
 from models import build_model
@@ -208,6 +208,12 @@ def test_a_compressed_bucket_waits_for_the_previous_one_to_finish(group):
     after = _train(ddp, raw, batches[3:])
     assert time.monotonic() - started >= 0.3 and pending.done()
     assert all(torch.isfinite(p).all() for p in after[-1])
+
+
+def test_a_backend_that_cannot_carry_the_hooks_dtype_is_one_line_before_training(group):
+    # gloo on torch 2.14 carries fp16 and bf16; uint16 stands for a dtype an older gloo refused.
+    with pytest.raises(UserError, match="the gloo backend cannot all-reduce torch.uint16 .*--comm-hook powersgd"):
+        check_backend_carries(torch.uint16, "fp16")
 
 
 def test_a_failed_all_reduce_reaches_the_future_ddp_waits_on():
