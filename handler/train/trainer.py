@@ -172,7 +172,7 @@ def _restore(cfg, strategy, num_classes, *, raw, optimizer, scheduler, scaler):
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
     dropped = set_rng_state(ckpt["rng"])
-    if dropped:
+    if dropped:  # gpu-only: tests/machine/test_gpu.py::test_a_two_gpu_checkpoint_resumes_where_one_gpu_is_visible
         rank0.say(cfg, f"note: {dropped}", err=True)
     rank0.say(cfg, f"resumed from {path} at epoch {ckpt['epoch'] + 1}, step {ckpt['step']}")
     return ckpt["epoch"], ckpt["step"], ckpt["best_acc"], list(ckpt["history"]), (dropped,) if dropped else ()

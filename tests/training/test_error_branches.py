@@ -15,6 +15,7 @@ from handler.runtime.umask import apply_user_umask
 from handler.train.checkpoint import FORMAT, PlainState, load_checkpoint, save_atomic
 from handler.train.config import Config
 from handler.train.preflight import _earlier_run
+from tests.conftest import run_cli
 
 
 @pytest.mark.parametrize("value", ["abc", "1777", "-1"])
@@ -123,3 +124,48 @@ def test_one_line_errors_turns_a_user_error_into_exit_2(capsys):
         with one_line_errors("bench"):
             raise UserError("--x is wrong; use --y")
     assert stop.value.code == 2 and capsys.readouterr().err == "bench: --x is wrong; use --y\n"
+
+
+class _NanLoader:
+    """120 batches of NaN images, counting how many the epoch takes."""
+
+    def __init__(self):
+        self.taken = 0
+
+    def __len__(self):
+        return 120
+
+    def set_epoch(self, epoch):
+        pass
+
+    def __iter__(self):
+        for _ in range(120):
+            self.taken += 1
+            yield torch.full((2, 3, 32, 32), float("nan")), torch.zeros(2, dtype=torch.long)
+
+
+def test_a_diverged_loss_stops_the_epoch_at_the_next_check_not_at_its_end():
+    from contextlib import nullcontext
+
+    from handler.train.divergence import CHECK_EVERY, Diverged, DivergenceGuard
+    from handler.train.loop import Step, train_epoch
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3072, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = Step(model=model, optimizer=optimizer, scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                scaler=torch.amp.GradScaler("cpu", enabled=False), autocast=nullcontext)
+    bar = type("Bar", (), {"update": lambda self, n: None})()
+    stop = type("Stop", (), {"should_stop": lambda self: False})()
+    loader = _NanLoader()
+    with pytest.raises(Diverged, match="epoch 1, step 0"):
+        train_epoch(step, loader, 0, torch.device("cpu"), bar, stop=stop, guard=DivergenceGuard(torch.device("cpu"), 1))
+    assert loader.taken == CHECK_EVERY < len(loader)
+
+
+def test_a_pp_split_with_no_full_batch_per_process_is_one_line(data_root, tmp_path):
+    # pp drops the last partial batch (fixed micro-batch shapes): 12 images never fill 16.
+    proc = run_cli(["--mode", "pp", "--num_gpu", 1, "--dataset", "synthetic", "--synthetic-train", 12,
+                    "--synthetic-test", 8, "--valid-size", 0, "--batch-size", 16, "--epochs", 1, "--model", "resnet20",
+                    "--save", "none", "--data", tmp_path / "data", "--ckpt", tmp_path / "ckpt"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "12 training images give no full batch of 16 per process; use a smaller --batch-size" in proc.stderr
+    assert "Traceback" not in proc.stderr
