@@ -161,7 +161,7 @@ def test_a_diverged_loss_stops_the_epoch_at_the_next_check_not_at_its_end():
     assert loader.taken == CHECK_EVERY < len(loader)
 
 
-def test_a_pp_split_with_no_full_batch_per_process_is_one_line(data_root, tmp_path):
+def test_a_pp_split_with_no_full_batch_per_process_is_one_line(tmp_path):
     # pp drops the last partial batch (fixed micro-batch shapes): 12 images never fill 16.
     proc = run_cli(["--mode", "pp", "--num_gpu", 1, "--dataset", "synthetic", "--synthetic-train", 12,
                     "--synthetic-test", 8, "--valid-size", 0, "--batch-size", 16, "--epochs", 1, "--model", "resnet20",
