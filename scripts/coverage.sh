@@ -12,11 +12,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh requirements-test.txt
 .venv/bin/python -m pip install -q "coverage==7.17.3" 2>&1 | grep -v '^WARNING' >&2 || true
 rm -rf .coverage-data && mkdir -p .coverage-data reports
-# One process: xdist workers would measure too, but the suite is timed for two, and coverage
-# slows every line; one process keeps its per-test budgets honest.
+# Two xdist workers, as scripts/test.sh runs it (TEST_WORKERS=N to change); the workers and
+# everything they start are measured. Coverage slows every line, so a test near its time
+# budget may fail here: the map still shows what ran, and the exit status says so.
 status=0
 COVERAGE_RCFILE="$PWD/.coveragerc" .venv/bin/python -m coverage run -m pytest -p no:cacheprovider \
-    -n 0 -q "$@" || status=$?
+    -n "${TEST_WORKERS:-2}" --dist loadgroup -q "$@" || status=$?
 .venv/bin/python -m coverage combine -q
 .venv/bin/python scripts/coverage_map.py | tee reports/coverage.txt
 [ "$status" = 0 ] || echo "coverage: the suite itself failed (pytest exit $status): the map shows what ran" >&2
