@@ -16,17 +16,18 @@ def test_nvtx_overhead_quick_reports_per_range_costs(tmp_path):
     assert data["share_of_step_on"] < 1
 
 
-def test_the_nsys_comparison_times_a_plain_and_a_profiled_run(tmp_path):
+
+def test_the_nsys_comparison_times_a_plain_and_a_profiled_run():
     # The full bench's last part (skipped by --quick): the same small run with and without nsys.
     from types import SimpleNamespace
 
-    from bench.nvtx_overhead import train_run
+    from bench.nvtx_overhead import under_nsys
     from tests.nsys_helpers import require_nsys
     from tests.parallel import one_at_a_time
     require_nsys()
-    args = SimpleNamespace(images=64, epochs=2)
-    plain = train_run(False, args, tmp_path)
+    results = {}
     with one_at_a_time("nsys"):
-        profiled = train_run(True, args, tmp_path)
-    assert math.isfinite(plain) and plain > 0 and math.isfinite(profiled) and profiled > 0
-    assert len(list(tmp_path.glob("*/run.nsys-rep"))) == 1  # the profiled run wrote its report
+        line = under_nsys(SimpleNamespace(images=64, epochs=2), 1, results)
+    assert results["epoch_s_plain"] > 0 and results["epoch_s_nsys"] > 0
+    assert results["nsys_slowdown"] == results["epoch_s_nsys"] / results["epoch_s_plain"]
+    assert line.startswith("\nunder nsys: epoch") and results["rounds"]["nsys"] == [results["epoch_s_nsys"]]

@@ -169,3 +169,32 @@ def test_a_pp_split_with_no_full_batch_per_process_is_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "12 training images give no full batch of 16 per process; use a smaller --batch-size" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_nan_weights_are_never_saved_over_the_last_good_checkpoint(tmp_path):
+    from handler.train.divergence import Diverged
+    from handler.train.trainer import _save
+    raw = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        raw.weight[0, 0] = float("inf")
+    with pytest.raises(Diverged, match="the weights hold NaN/inf after epoch 3, step 7; nothing was saved"):
+        _save(Config(ckpt=str(tmp_path)), PlainState(), raw=raw, optimizer=None, scheduler=None, scaler=None,
+              epochs_done=3, step=7, best_acc=0.0, history=[])
+    assert os.listdir(tmp_path) == []
+
+
+def test_fsdp_keeps_the_shards_that_an_earlier_best_pt_names(tmp_path):
+    from handler.FSDP.checkpoint import ShardedState
+    for name in ("shards-e1", "shards-e2", "shards-e3"):
+        (tmp_path / name).mkdir()
+    torch.save({"shards": "shards-e1"}, tmp_path / "best.pt")
+    ShardedState().keep(str(tmp_path), {"shards": "shards-e3"}, best=None)
+    assert sorted(os.listdir(tmp_path)) == ["best.pt", "shards-e1", "shards-e3"]
+
+
+def test_a_loader_pass_short_of_its_images_fails_the_bench():
+    from bench.loaders import timed_pass
+    loader = type("Short", (), {"set_epoch": lambda self, e: None,
+                                "__iter__": lambda self: iter([(None, [0, 1, 2])])})()
+    with pytest.raises(RuntimeError, match="short yielded 3 images in a pass over 4"):
+        timed_pass("short", loader, torch.device("cpu"), 4)()
