@@ -1,6 +1,7 @@
 """The one-line errors and fallbacks of small helpers, in-process: each costs milliseconds,
 and a run through the CLI would only reach them by a slower road."""
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -198,3 +199,14 @@ def test_a_loader_pass_short_of_its_images_fails_the_bench():
                                 "__iter__": lambda self: iter([(None, [0, 1, 2])])})()
     with pytest.raises(RuntimeError, match="short yielded 3 images in a pass over 4"):
         timed_pass("short", loader, torch.device("cpu"), 4)()
+
+
+def test_fsdp_evaluates_a_test_set_whose_shards_differ_by_a_batch(tmp_path):
+    # 33 test images over 2 ranks of 16: rank 0 has two batches, rank 1 one; FSDP's forward
+    # is a collective, so rank 1 runs a dummy forward (counted nowhere) beside rank 0's second.
+    proc = run_cli(["--mode", "fsdp", "--num_gpu", 2, "--dataset", "synthetic", "--synthetic-train", 64,
+                    "--synthetic-test", 33, "--valid-size", 0, "--batch-size", 32, "--epochs", 1, "--model", "resnet20",
+                    "--save", "none", "--data", tmp_path / "data", "--ckpt", tmp_path / "ckpt"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = json.loads((tmp_path / "ckpt" / "metrics.json").read_text())
+    assert m["test"]["samples"] == 33
