@@ -113,3 +113,10 @@ def test_sigterm_stops_the_matrix_and_the_report_says_interrupted(tmp_path):
     assert "interrupted" in stdout
     rows = json.loads((out / "results.json").read_text())["cells"]
     assert [r["status"] for r in rows] == ["interrupted"]
+
+
+def test_stopping_a_cell_whose_processes_already_ended_is_quiet():
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+    runner._stop(proc)  # its group is gone: nothing to signal, no error
+    assert proc.returncode == 0
