@@ -13,13 +13,11 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Optional, Union
 
+from handler.runtime.cpu_memory import keep_freed_memory
+from handler.compare.provenance import hardware, now, versions
+
 ROOT = Path(__file__).resolve().parents[1]
 BUSY_LOAD = 1.5  # a 1-minute load average above this at the start: other jobs are running
-if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench.x`
-    sys.path.insert(0, str(ROOT))
-
-from handler.runtime.cpu_memory import keep_freed_memory  # noqa: E402
-from handler.compare.provenance import hardware, now, versions  # noqa: E402
 
 if TYPE_CHECKING:
     import torch

@@ -57,17 +57,17 @@ def report(results: dict) -> str:
             + "".join(f"\n{mode} failed: {err}" for mode, err in results["failures"].items()))
 
 
-def precision_args() -> list:
+def precision_args() -> list:  # gpu-only: tests/machine/test_bench_gpu.py::test_the_quick_bench_times_both_modes_on_a_gpu
     import torch
     return (["--amp", "bf16"] if torch.cuda.is_bf16_supported() else []) + ["--channels-last"]
 
 
-def gpu_name() -> str:
+def gpu_name() -> str:  # gpu-only: tests/machine/test_bench_gpu.py::test_the_quick_bench_times_both_modes_on_a_gpu
     import torch
     return torch.cuda.get_device_name(0)
 
 
-def time_mode(mode: str, out: Path, train_args: list):
+def time_mode(mode: str, out: Path, train_args: list):  # gpu-only: tests/machine/test_bench_gpu.py::test_the_quick_bench_times_both_modes_on_a_gpu
     """(median steady epoch seconds, images/s, None) or (None, None, error) for one run."""
     from handler.compare.cells import Cell, Variant
     from handler.compare.results import build_rows

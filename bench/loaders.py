@@ -75,7 +75,7 @@ def build_loaders(splits: Splits, data: str) -> dict:
     dali_cfg = dataclasses.replace(base, mode="ddp_dali", workers=PARALLEL)
     for source in SOURCES:
         loaders[f"dali-cpu {source} t{PARALLEL}"] = (get_DALI_loader(dali_cfg, splits, source=source).train, cpu)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available():  # gpu-only: tests/machine/test_bench_gpu.py::test_the_loaders_bench_rates_dali_on_the_gpu
         gpu_cfg = dataclasses.replace(dali_cfg, use_cuda=True, device="cuda:0")
         for source in SOURCES:
             loaders[f"dali-gpu {source} t{PARALLEL}"] = (

@@ -71,6 +71,18 @@ def train_run(profiled: bool, args, workdir: Path) -> float:
     return median(e["time_s"] for e in epochs[1:])
 
 
+def under_nsys(args, rounds: int, results: dict) -> str:
+    """The same small run with and without nsys, alternating; adds the epoch times and
+    their ratio to `results` and returns the report's line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        times = alternate({"plain": lambda: train_run(False, args, Path(tmp)),
+                           "nsys": lambda: train_run(True, args, Path(tmp))}, rounds)
+    results.update({"epoch_s_plain": median(times["plain"]), "epoch_s_nsys": median(times["nsys"]),
+                    "nsys_slowdown": ratio(median(times["nsys"]), median(times["plain"])), "rounds": times})
+    return (f"\nunder nsys: epoch {results['epoch_s_nsys']:.2f} s vs {results['epoch_s_plain']:.2f} s "
+            f"plain -> x{results['nsys_slowdown']:.3f}")
+
+
 def main():
     args = parser(__doc__).parse_args()
     args.images, args.epochs, rounds = 2048, 3, 3
@@ -84,13 +96,7 @@ def main():
     rows = [["range off (no profiler)", off, 100 * results["share_of_step_off"]],
             ["range forced on, no profiler", on, 100 * results["share_of_step_on"]]]
     if shutil.which("nsys") and not args.quick:
-        with tempfile.TemporaryDirectory() as tmp:
-            times = alternate({"plain": lambda: train_run(False, args, Path(tmp)),
-                               "nsys": lambda: train_run(True, args, Path(tmp))}, rounds)
-        results.update({"epoch_s_plain": median(times["plain"]), "epoch_s_nsys": median(times["nsys"]),
-                        "nsys_slowdown": ratio(median(times["nsys"]), median(times["plain"])), "rounds": times})
-        text_nsys = (f"\nunder nsys: epoch {results['epoch_s_nsys']:.2f} s vs {results['epoch_s_plain']:.2f} s "
-                     f"plain -> x{results['nsys_slowdown']:.3f}")
+        text_nsys = under_nsys(args, rounds, results)
     else:
         results["nsys_slowdown"] = None
         text_nsys = "\nunder nsys: skipped (" + ("--quick" if args.quick else "nsys not installed") + ")"

@@ -38,7 +38,7 @@ def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False, comm: Optional[C
     """
     comm = comm or CommHook()
     if sync_bn:
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_two_gpus[ddp --sync-bn]
     device = next(model.parameters()).device
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                   **comm.ddp_options(), **no_buffer_sync())

@@ -19,7 +19,7 @@ CPU_NOTE = "no GPU: DP needs GPUs to split work, so this runs one plain CPU proc
 def run(cfg) -> None:
     notes = []
     if cfg.use_cuda:
-        cfg = dataclasses.replace(cfg, device="cuda:0", backend="none")
+        cfg = dataclasses.replace(cfg, device="cuda:0", backend="none")  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[dp]
     else:
         notes.append(CPU_NOTE)
         rank0.say(cfg, f"dp: {CPU_NOTE}")
@@ -31,9 +31,9 @@ def run(cfg) -> None:
 
 def wrap(cfg, model: nn.Module) -> nn.Module:
     if cfg.use_cuda and cfg.amp != "off":
-        model = AutocastInside(model, autocast_for(cfg, torch.device(cfg.device)))
+        model = AutocastInside(model, autocast_for(cfg, torch.device(cfg.device)))  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_with_every_flag_validate_accepts_for_it_on_gpus[dp-1]
     if cfg.dp_balanced:
         model = LossInside(model)
     if cfg.use_cuda:
-        model = nn.DataParallel(model, device_ids=list(range(cfg.num_gpu)))
+        model = nn.DataParallel(model, device_ids=list(range(cfg.num_gpu)))  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[dp]
     return model

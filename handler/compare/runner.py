@@ -19,6 +19,7 @@ from .cells import Cell
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / "scripts" / "launch.sh"
+STOP_GRACE_S = (10, 5)  # seconds a cell is given after SIGTERM, then after SIGKILL
 # stderr lines that report progress or notes, not failure.
 NOISE = ("note:", "launch:", "Generating '", "Generated:", "[1/1]")
 WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
@@ -104,7 +105,7 @@ def last_error_line(text: str) -> str:
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM the cell's process group, then SIGKILL what is left after 10 s."""
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+    for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), STOP_GRACE_S):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

@@ -84,7 +84,7 @@ class DeviceLoader:
                     batches = iter(self.loader)
                 images, labels = next(batches)
             if self.copies:
-                with nvtx_range("h2d"):
+                with nvtx_range("h2d"):  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
                     images = images.to(self.device, non_blocking=True)
                     labels = labels.to(self.device, non_blocking=True)
             yield images, labels

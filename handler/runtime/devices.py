@@ -22,7 +22,7 @@ def cuda_status() -> Tuple[int, str]:
         warnings.simplefilter("always")
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count:
-        return count, ""
+        return count, ""  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
     reason = next((str(w.message).split(". ")[0] for w in caught), "")
     return 0, f"CUDA not usable ({reason}); running on CPU" if reason else ""
 
@@ -53,7 +53,7 @@ def require_usable_gpus() -> int:
         return 0  # torch would see none; asking it costs a 1.5 s import for launch.sh
     count = cuda_status()[0]
     if count:
-        return count
+        return count  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
     from .cuda_build import driver_cuda_version, install_hint, smi_gpu_count, smi_gpu_list
     listed = smi_gpu_count()
     if not listed:

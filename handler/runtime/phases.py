@@ -31,7 +31,7 @@ class PhaseTimer:
     def seconds(self) -> dict:
         """Seconds per phase so far; on CUDA the caller has synchronised the device."""
         for phase, start, end in self._events:
-            self._seconds[phase] += start.elapsed_time(end) / 1000.0
+            self._seconds[phase] += start.elapsed_time(end) / 1000.0  # gpu-only: tests/machine/test_gpu.py::test_cuda_event_phase_timers_add_up_to_the_epochs_wall_time
         self._events.clear()
         return dict(self._seconds)
 
@@ -57,7 +57,7 @@ class _WallSpan:
         self.timer._seconds[self.phase] += time.perf_counter() - self.start
 
 
-class _CudaSpan:
+class _CudaSpan:  # gpu-only: tests/machine/test_gpu.py::test_cuda_event_phase_timers_add_up_to_the_epochs_wall_time
     __slots__ = ("timer", "phase", "start")
 
     def __init__(self, timer, phase):

@@ -22,7 +22,7 @@ from ..runtime.phases import PhaseTimer, no_timer
 def sync(device: torch.device) -> None:
     """Wait for queued GPU work so wall-clock timings cover it."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(device)  # gpu-only: tests/machine/test_gpu.py::test_cuda_event_phase_timers_add_up_to_the_epochs_wall_time
 
 
 class Trainable(Protocol):

@@ -106,7 +106,7 @@ def fit(cfg, strategy: Strategy) -> dict:
         evaluate_on = partial(strategy.evaluate, model, device=device, autocast=step.autocast)
     save = partial(_save, cfg, strategy.state, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     notes = strategy.notes + resume_notes
-    if optimizer_note:
+    if optimizer_note:  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_with_every_flag_validate_accepts_for_it_on_gpus[fsdp-1]
         notes += (optimizer_note,)
         rank0.say(cfg, f"warning: {optimizer_note}", err=True)
     if cfg.amp == "bf16" and device.type == "cpu":
@@ -186,7 +186,7 @@ def _restore(cfg, strategy, num_classes, *, raw, optimizer, scheduler, scaler):
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
     dropped = set_rng_state(ckpt["rng"])
-    if dropped:
+    if dropped:  # gpu-only: tests/machine/test_gpu.py::test_a_two_gpu_checkpoint_resumes_where_one_gpu_is_visible
         rank0.say(cfg, f"note: {dropped}", err=True)
     rank0.say(cfg, f"resumed from {path} at epoch {ckpt['epoch'] + 1}, step {ckpt['step']}")
     return ckpt["epoch"], ckpt["step"], ckpt["best_acc"], list(ckpt["history"]), (dropped,) if dropped else ()

@@ -46,3 +46,38 @@ def test_the_bench_runs_three_paired_rounds_and_reports_each_ratio(monkeypatch, 
     text = capsys.readouterr().out
     assert "median of the paired ratios: 2.000" in text and "ddp_dali then ddp" in text
     assert json.loads((tmp_path / "gpu.json").read_text())["ratio_per_round"] == [2.0, 2.0, 2.0]
+
+
+def test_a_mode_that_fails_is_named_in_failures_and_keeps_out_of_the_rates(monkeypatch, tmp_path):
+    # Only the CUDA boundary (cuda_status, the GPU's name and bf16 support) and the training
+    # run itself (a GPU run) are replaced; the round bookkeeping is the real one.
+    def fake_time(mode, out, train_args):
+        return (None, None, "exit 1: out of memory") if mode == "ddp_dali" else (2.0, 100.0, None)
+
+    monkeypatch.setattr(bench_gpu, "context", lambda name: {"load_average_before": [0.0, 0.0, 0.0]})
+    monkeypatch.setattr(bench_gpu, "cuda_status", lambda: (1, ""))
+    monkeypatch.setattr(bench_gpu, "precision_args", lambda: ["--channels-last"])
+    monkeypatch.setattr(bench_gpu, "gpu_name", lambda: "NVIDIA H100")
+    monkeypatch.setattr(bench_gpu, "time_mode", fake_time)
+    data = bench_gpu.main(["--quick", "--json", str(tmp_path / "gpu.json")])
+    assert data["failures"] == {"ddp_dali": "exit 1: out of memory"}
+    assert data["ddp_over_ddp_dali"] is None and set(data["images_per_s"]) == {"ddp"}
+
+
+@pytest.mark.gpu
+def test_the_quick_bench_times_both_modes_on_a_gpu(tmp_path):
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    data = bench_gpu.main(["--quick", "--json", str(tmp_path / "gpu.json")])
+    assert not data["failures"], data["failures"]
+    assert data["gpu"] and all(data["epoch_s"][mode] > 0 for mode in bench_gpu.MODES)
+    assert "--channels-last" in data["precision"] and data["ddp_over_ddp_dali"] > 0
+
+
+@pytest.mark.gpu
+def test_the_loaders_bench_rates_dali_on_the_gpu(tmp_path):
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    import bench.loaders as bench_loaders
+    data = bench_loaders.main(["--quick", "--json", str(tmp_path / "loaders.json")])
+    for source in bench_loaders.SOURCES:
+        rate = data["images_per_s"][f"dali-gpu {source} t{bench_loaders.PARALLEL}"]
+        assert rate["median"] > 0, source

@@ -131,3 +131,13 @@ def test_requirements_leave_dali_to_setup_and_tell_pip_users():
     assert not any("dali" in line for line in pinned)
     assert "nvidia-dali-cuda120==2.4.0" in text and "nvidia-dali-cuda130==2.4.0" in text
     assert cuda_build.DALI_VERSION == "2.4.0"
+
+
+def test_main_prints_the_build_for_the_drivers_cuda_as_shell_assignments(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", fake_smi(tmp_path / "bin", gpus=1, cuda="12.4")["PATH"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("TORCH_INDEX_URL", raising=False)
+    assert cuda_build.main() == 0
+    lines = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert set(lines) == {"TORCH_INDEX_URL", "TORCH_PINS", "DALI_PACKAGE", "REASON"}
+    assert "cu126" in lines["TORCH_INDEX_URL"] and "cuda120" in lines["DALI_PACKAGE"] and "12.4" in lines["REASON"]

@@ -86,3 +86,23 @@ def test_the_hints_torch_pins_are_the_requirements_pins():
     pins = {line.split("==")[0]: line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
             if "==" in line and not line.startswith("#")}
     assert cuda_build.TORCH_PINS == f"{pins['torch']} {pins['torchvision']}"
+
+
+def test_a_machine_without_nvidia_smi_has_no_gpus_and_no_error(tmp_path, monkeypatch):
+    from handler.runtime.devices import require_usable_gpus
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi; this torch sees no GPU either
+    assert require_usable_gpus() == 0
+
+
+def test_the_cli_passes_on_torchs_cuda_note_before_a_one_line_error(tmp_path, monkeypatch, capsys):
+    # The note comes from torch's CUDA probe (the boundary): a driver too old for this build.
+    import train_cifar
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(train_cifar, "cuda_status", lambda: (0, "The NVIDIA driver on your system is too old"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        train_cifar.main(["--mode", "ddp", "--num_gpu", "1", "--ckpt", str(tmp_path / "file")])
+    err = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and err[0] == "note: The NVIDIA driver on your system is too old"
+    assert err[1].startswith("error: ") and "--ckpt" in err[1]

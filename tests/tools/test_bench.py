@@ -98,3 +98,9 @@ def test_gpu_bench_skips_cleanly_without_cuda_or_times_both_modes(tmp_path):
     else:
         assert set(data["epoch_s"]) == {"ddp", "ddp_dali"}
         assert all(positive(t) for t in data["epoch_s"].values())
+
+
+def test_a_ratio_over_zero_is_nan_not_an_error():
+    from bench.common import ratio
+    assert ratio(3.0, 1.5) == 2.0 and math.isnan(ratio(1.0, 0.0))
+

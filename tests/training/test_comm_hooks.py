@@ -1,16 +1,21 @@
 """--comm-hook and the DDP bucket options: validation, ranges, PowerSGD's resumable memory,
 and every hook still learning (DESIGN.md §9)."""
 import copy
+import threading
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
+import handler.runtime.dist as harness_dist
 import handler.runtime.nvtx as harness_nvtx
 from handler.modes import parse_config
 from handler.runtime.errors import UserError
-from handler.DDP.comm_hook import CommHook, in_ranges
+from handler.DDP.checkpoint import HookedState
+from handler.DDP.comm_hook import CommHook, check_backend_carries, in_ranges
 from handler.DDP.model import model_to_DDP
+from handler.DDP.powersgd import _settle
 from models import build_model
 from tests.conftest import read_metrics, run_cli, two_epoch_args
 from tests.training.test_cli_errors import fails_with_one_line
@@ -49,6 +54,7 @@ def group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+    harness_dist.forget_groups()  # the cached gloo side group belonged to this process group
 
 
 class Recorder:
@@ -138,11 +144,12 @@ def _powersgd_model(seed_model, cap_mb):
     return model_to_DDP(raw, comm=comm), raw, comm
 
 
-def test_powersgd_memory_follows_parameters_whatever_the_bucket_layout(group):
+@pytest.mark.parametrize("cap_mb", [0.05, 1e-6])  # 1e-6: a bucket per parameter, some with nothing to compress
+def test_powersgd_memory_follows_parameters_whatever_the_bucket_layout(group, cap_mb):
     torch.manual_seed(0)
     seed_model = build_model("resnet20", 10)
     batches = _batches(6, seed=1)
-    many, raw_many, _ = _powersgd_model(seed_model, cap_mb=0.05)
+    many, raw_many, _ = _powersgd_model(seed_model, cap_mb=cap_mb)
     one, raw_one, _ = _powersgd_model(seed_model, cap_mb=1000)
     for step, (a, b) in enumerate(zip(_train(many, raw_many, batches), _train(one, raw_one, batches))):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step} differs between bucket layouts"
@@ -168,6 +175,64 @@ def test_powersgd_state_from_a_checkpoint_continues_bit_for_bit(group):
     assert all(torch.equal(x, y) for x, y in zip(straight[-1], resumed(copy.deepcopy(saved))[-1]))
     lost = resumed(None)  # control: without the saved memory the run takes another path
     assert not all(torch.equal(x, y) for x, y in zip(straight[-1], lost[-1]))
+
+
+def test_powersgd_state_from_another_world_size_and_rank_continues_from_the_mean_error(group):
+    torch.manual_seed(0)
+    seed_model = build_model("resnet20", 10)
+    ddp, raw, comm = _powersgd_model(seed_model, cap_mb=0.1)
+    _train(ddp, raw, _batches(4, seed=1))
+    saved = comm.state_dict()
+    doubled = {name: {**piece, "error": piece["error"] * 3} for name, piece in saved["ranks"][0].items()}
+    two_ranks = {**saved, "world_size": 2, "rank": saved["rank"] + 1, "ranks": [saved["ranks"][0], doubled]}
+    said = []
+    again, raw_again, comm_again = _powersgd_model(seed_model, cap_mb=0.1)
+    comm_again.load_state_dict(two_ranks, say=said.append)
+    assert "saved on 2 ranks continues on 1" in said[0] and "P and Q start afresh" in said[1]
+    name, piece = next(iter(comm_again.powersgd.pool.items()))
+    assert torch.allclose(piece["error"], saved["ranks"][0][name]["error"] * 2) and piece["q"] is None
+    assert all(torch.isfinite(p).all() for p in _train(again, raw_again, _batches(3, seed=2))[-1])
+
+
+def test_a_compressed_bucket_waits_for_the_previous_one_to_finish(group):
+    # The previous bucket's future is held open by a timer thread for 0.3 s: the next bucket's
+    # all-reduces must start only after it (docs/COMM.md: both ranks launch in one order).
+    torch.manual_seed(0)
+    ddp, raw, comm = _powersgd_model(build_model("resnet20", 10), cap_mb=1000)
+    batches = _batches(4, seed=1)
+    _train(ddp, raw, batches[:3])  # past the warm-up: compressing
+    pending = torch.futures.Future()
+    comm.powersgd.previous = pending
+    threading.Timer(0.3, pending.set_result, [None]).start()
+    started = time.monotonic()
+    after = _train(ddp, raw, batches[3:])
+    assert time.monotonic() - started >= 0.3 and pending.done()
+    assert all(torch.isfinite(p).all() for p in after[-1])
+
+
+def test_a_backend_that_cannot_carry_the_hooks_dtype_is_one_line_before_training(group):
+    # gloo on torch 2.14 carries fp16 and bf16; uint16 stands for a dtype an older gloo refused.
+    with pytest.raises(UserError, match="the gloo backend cannot all-reduce torch.uint16 .*--comm-hook powersgd"):
+        check_backend_carries(torch.uint16, "fp16")
+
+
+def test_a_failed_all_reduce_reaches_the_future_ddp_waits_on():
+    failed, done = torch.futures.Future(), torch.futures.Future()
+    failed.set_exception(RuntimeError("Connection closed by peer"))
+    _settle(done, failed)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        done.wait()
+
+
+def test_a_powersgd_checkpoint_resumed_with_another_hook_says_its_state_is_unused(group, capsys):
+    torch.manual_seed(0)
+    ddp, raw, comm = _powersgd_model(build_model("resnet20", 10), cap_mb=0.1)
+    _train(ddp, raw, _batches(3, seed=1))
+    opt = torch.optim.SGD(raw.parameters(), lr=0.05)
+    ckpt = {"model": raw.state_dict(), "optimizer": opt.state_dict(), "comm_hook": comm.state_dict()}
+    HookedState(CommHook(name="allreduce")).restore(ckpt, "last.pt", raw, opt)
+    assert capsys.readouterr().err == ("note: the checkpoint's powersgd state is not used with "
+                                       "--comm-hook allreduce\n")
 
 
 # ---- end to end: train_cifar.py on the tests' learnable synthetic set ------------------------

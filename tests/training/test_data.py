@@ -56,6 +56,34 @@ def test_a_corrupt_batch_file_is_named_in_one_line(tmp_path, damage):
         read_cifar(str(tmp_path))
 
 
+DAMAGE = {  # what is written over one file -> the one line that names it
+    "missing": ("data_batch_2", None, "data_batch_2 is missing"),
+    "no dict": ("data_batch_2", [1, 2], "not a CIFAR batch"),
+    "no data": ("data_batch_2", {"labels": [0]}, "has no 'data'/'labels' entries"),
+    "bad shape": ("data_batch_2", {"data": np.zeros((2, 100), np.uint8), "labels": [0, 0]}, "holds data of shape"),
+    "bad label": ("data_batch_2", {"data": np.zeros((1, 3072), np.uint8), "labels": [7]}, "labels outside 0..1"),
+    "no classes": ("batches.meta", {"num_vis": 3072}, "has no label_names"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_every_malformed_cifar_file_is_named_in_one_line(tmp_path, damage):
+    folder = write_by_hand(tmp_path, [5] * 5, n_test=3, classes=["a", "b"])
+    name, content, message = DAMAGE[damage]
+    if content is None:
+        (folder / name).unlink()
+    else:
+        (folder / name).write_bytes(pickle.dumps(content))
+    with pytest.raises(UserError, match=message):
+        read_cifar(str(tmp_path))
+
+
+def test_a_single_training_image_is_a_clear_error(tmp_path):
+    write_by_hand(tmp_path, [1, 0, 0, 0, 0], n_test=3, classes=["a", "b"])
+    with pytest.raises(UserError, match="holds 1 training image"):
+        read_cifar(str(tmp_path))
+
+
 def test_zero_test_images_is_a_clear_error(tmp_path):
     write_by_hand(tmp_path, [5] * 5, n_test=0, classes=["a", "b"])
     with pytest.raises(UserError, match="test_batch holds no images"):
@@ -118,3 +146,14 @@ def test_training_processes_never_import_torchvision():
             "handler.train.metrics; print('torchvision' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_successful_download_resolves_auto_to_the_real_cifar10(tmp_path, monkeypatch):
+    # The network is the boundary (none here): the stand-in writes the layout a download would.
+    import handler.data.dataset as dataset
+    from handler.data.cifar_files import write_cifar
+    x = np.zeros((10, 32, 32, 3), np.uint8)
+    monkeypatch.setattr(dataset, "download_cifar",
+                        lambda root: write_cifar(root, x, np.arange(10) % 2, x[:2], np.zeros(2), ["a", "b"]))
+    cfg = prepare_dataset(Config(data=str(tmp_path), dataset="auto"))
+    assert cfg.dataset == "cifar10" and read_cifar(str(tmp_path)).train_x.shape[0] == 10
