@@ -139,7 +139,7 @@ def coverage_map(data_file: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or " ").splitlines()[0])
     parser.add_argument("--gpu-table", action="store_true", help="print the GPU-only table for docs/GPU_CHECK.md")
     parser.add_argument("--data", type=Path, default=ROOT / ".coverage-data" / "cov", help="combined coverage data")
     args = parser.parse_args(argv)
