@@ -203,14 +203,19 @@ class OneHost:
                 os.killpg(self.running.pid, 9)
 
 
-def up_cluster(tmp_path_factory, report) -> Cluster:
-    """A running head + 2 nodes, or a skip (a failure under CI=true) naming what the machine lacks."""
+def require_cluster_machine() -> None:
+    """A skip (a failure under CI=true) naming what this machine lacks for a local cluster."""
     check = run_process([SCRIPT, "check"], timeout=30)
     if check.returncode != 0:
         why = f"no local cluster on this machine: {check.stderr.strip()}"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{why}; CI must run the cluster tests", pytrace=False)
         pytest.skip(why)
+
+
+def up_cluster(tmp_path_factory, report) -> Cluster:
+    """A running head + 2 nodes, or a skip (a failure under CI=true) naming what the machine lacks."""
+    require_cluster_machine()
     data = tmp_path_factory.mktemp("cluster_data")
     write_synthetic(str(data / f"synthetic_{N_TRAIN}x{N_TEST}"), N_TRAIN, N_TEST)
     cluster = Cluster(tmp_path_factory.mktemp("cluster_state"), data)

@@ -34,14 +34,20 @@ def shown(request):
     return say
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, request):
+def cluster_for_module(tmp_path_factory, request, *, check_nothing_left=False):
+    """A cluster of the test module's own, taken down after its last test."""
     made = up_cluster(tmp_path_factory, shown(request))
     try:
         yield made
     finally:
         made.script("down", timeout=120)
-        assert not made.processes("node1") and not made.processes("node2")
+        if check_nothing_left:
+            assert not made.processes("node1") and not made.processes("node2")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, request):
+    yield from cluster_for_module(tmp_path_factory, request, check_nothing_left=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

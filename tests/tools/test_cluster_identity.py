@@ -7,8 +7,7 @@ The requeue side (a requeued job resumes its own run) is test_cluster.py's preem
 """
 import pytest
 
-from tests.cluster_support import up_cluster
-from tests.tools.test_cluster import job_failed, shown
+from tests.tools.test_cluster import cluster_for_module, job_failed
 
 pytestmark = pytest.mark.cluster
 # One step an epoch (96 training images): the first job only has to leave a run behind.
@@ -17,11 +16,7 @@ ONE_STEP = ["--mode", "ddp", "--epochs", 1, "--synthetic-train", 160]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, request):
-    made = up_cluster(tmp_path_factory, shown(request))
-    try:
-        yield made
-    finally:
-        made.script("down", timeout=120)
+    yield from cluster_for_module(tmp_path_factory, request)
 
 
 def test_a_new_job_with_an_old_jobs_id_starts_afresh_beside_its_run_and_says_why(cluster, tmp_path):

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_support import SCRIPT, Cluster
-from tests.conftest import ROOT, run_process
+from tests.cluster_support import SCRIPT, Cluster, require_cluster_machine
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.cluster
 PROBE = ROOT / "scripts" / "cluster" / "probe.py"
@@ -23,12 +23,7 @@ DELAY_MS = 5
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    check = run_process([SCRIPT, "check"], timeout=30)
-    if check.returncode != 0:
-        why = f"no local cluster on this machine: {check.stderr.strip()}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why}; CI must run the cluster tests", pytrace=False)
-        pytest.skip(why)
+    require_cluster_machine()
     cluster = Cluster(tmp_path_factory.mktemp("net_state"), tmp_path_factory.mktemp("net_data"))
     server = None
     try:
