@@ -39,10 +39,10 @@ _reported = threading.Event()  # one line per process, from the watcher or from 
 
 def _client(host: str, port: int) -> Optional[BoundedStore]:
     """A store connection of our own whose calls end within STORE_TIMEOUT_S, or None when
-    the store does not answer."""
+    the store does not answer (refuses the connection, or accepts it and then stays silent)."""
     try:
         return BoundedStore(host, port, STORE_TIMEOUT_S)
-    except OSError:
+    except (OSError, tdist.DistError):
         return None
 
 
