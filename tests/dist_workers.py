@@ -99,3 +99,13 @@ def all_workers(proc_id, world, ports, out_dir):
     os.makedirs(os.path.join(out_dir, "accum"), exist_ok=True)
     ddp_worker(proc_id, world, ports[2], 3, 16, 2, os.path.join(out_dir, "accum"), "ddp")
     bn_worker(proc_id, world, ports[3], out_dir)
+
+
+def dies_when_stopped(proc_id, ready_dir):
+    """A rank that a stop request kills outright (as a rank stuck in C++ is, by the second
+    signal) instead of saving: SIGTERM makes it SIGKILL itself."""
+    import signal
+    import time
+    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGKILL))
+    open(os.path.join(ready_dir, f"ready{proc_id}"), "w").close()
+    time.sleep(60)

@@ -136,8 +136,8 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
         init_method = f"tcp://{host}:{port}"
     if use_cuda:
         check_local_rank(local_rank)
-        torch.cuda.set_device(local_rank)
-        device, backend = f"cuda:{local_rank}", "nccl"
+        torch.cuda.set_device(local_rank)  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
+        device, backend = f"cuda:{local_rank}", "nccl"  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
     else:
         # Ranks on one machine share its cores; more threads than cores only thrash.
         # An explicit OMP_NUM_THREADS (torchrun sets one) wins.

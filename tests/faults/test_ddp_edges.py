@@ -1,0 +1,45 @@
+"""Two rare turns of handler/DDP/{utils,run}.py, reached without training: a stop request
+whose rank dies of a signal before it could save, and torchrun's elastic restarts left
+sharing the rendezvous store."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from handler.DDP.run import _torchrun_preparation
+from handler.DDP.utils import run_process
+from handler.train.config import Config
+from tests.dist_workers import dies_when_stopped
+
+
+def test_a_rank_killed_while_stopping_says_the_last_checkpoint_is_unchanged(tmp_path, capsys):
+    def stop_once_every_rank_is_up():
+        deadline = time.monotonic() + 60
+        while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # run_process passes it on to the ranks
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=stop_once_every_rank_is_up, daemon=True).start()
+    with pytest.raises(SystemExit) as stopped:
+        run_process(dies_when_stopped, (str(tmp_path),), nprocs=2, use_cuda=False)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM before rank " in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before  # run_process gave the handler back
+
+
+def test_elastic_restarts_sharing_the_rendezvous_store_are_warned_about(tmp_path, monkeypatch, capsys):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "TORCHELASTIC_MAX_RESTARTS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = Config(dataset="synthetic", data=str(tmp_path / "data"), ckpt=str(tmp_path / "ckpt"),
+                 synthetic_train=10, synthetic_test=1)
+    _torchrun_preparation(cfg)
+    assert "restarted workers can read stale rendezvous keys" in capsys.readouterr().err
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    _torchrun_preparation(cfg)
+    assert "stale rendezvous keys" not in capsys.readouterr().err
