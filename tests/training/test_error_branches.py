@@ -210,3 +210,34 @@ def test_fsdp_evaluates_a_test_set_whose_shards_differ_by_a_batch(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = json.loads((tmp_path / "ckpt" / "metrics.json").read_text())
     assert m["test"]["samples"] == 33
+
+
+def test_a_sharded_checkpoint_resumed_by_pp_names_fsdp():
+    from handler.PP.checkpoint import PipelineState
+    with pytest.raises(UserError, match="sharded \\(fsdp\\) state; resume it with --mode fsdp"):
+        PipelineState().restore({"shards": "shards-e1"}, "last.pt", model=None, optimizer=None)
+
+
+def test_pp_says_which_training_images_make_no_full_batch_and_forks_its_loader_workers(capsys):
+    import numpy as np
+    from handler.data.dataset import Splits
+    from handler.PP.loader import get_PP_loader
+    images = lambda n: np.zeros((n, 32, 32, 3), np.uint8)  # noqa: E731
+    labels = lambda n: np.arange(n, dtype=np.int64) % 10  # noqa: E731
+    splits = Splits(train=(images(10), labels(10)), valid=(images(0), labels(0)), test=(images(4), labels(4)),
+                    classes=[str(i) for i in range(10)])
+    cfg = Config(mode="pp", batch_size=4, workers=1, world_size=2, rank=0)
+    loaders = get_PP_loader(cfg, splits)
+    assert "pp: the last 2 training images of each epoch make no full batch of 4" in capsys.readouterr().err
+    assert len(loaders.train) == 2
+    assert loaders.train.inner.loader.multiprocessing_context.get_start_method() == "fork"
+
+
+def test_pp_on_a_torch_without_pipelining_is_one_line(monkeypatch):
+    # torch before 2.4 has no torch.distributed.pipelining (schedule.py then holds None); no
+    # such torch can be installed beside CI's, so the import's outcome is set here.
+    from handler.PP import schedule
+    monkeypatch.setattr(schedule, "PipelineStage", None)
+    with pytest.raises(UserError, match="--mode pp needs torch.distributed.pipelining from torch 2.6 or newer; "
+                                        f"this is torch {torch.__version__}: upgrade torch"):
+        schedule.require_pipelining()
