@@ -3,6 +3,7 @@ and a run through the CLI would only reach them by a slower road."""
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -239,5 +240,5 @@ def test_pp_on_a_torch_without_pipelining_is_one_line(monkeypatch):
     from handler.PP import schedule
     monkeypatch.setattr(schedule, "PipelineStage", None)
     with pytest.raises(UserError, match="--mode pp needs torch.distributed.pipelining from torch 2.6 or newer; "
-                                        f"this is torch {torch.__version__}: upgrade torch"):
+                                        f"this is torch {re.escape(torch.__version__)}: upgrade torch"):
         schedule.require_pipelining()
