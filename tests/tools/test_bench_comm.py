@@ -1,6 +1,8 @@
 """bench.comm: the step-time model and its check, the scaling prediction, the JSON, and (marker
 `cluster`) a short real run across two hosts of scripts/cluster.sh."""
+import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import pytest
 from PIL import Image
 
 import bench.comm as comm
+import bench.comm_model as comm_model
 from bench.comm_model import (check, fit, predict_comm, predict_hosts, predict_step, ring_messages, ring_share,
                               scaling)
 from handler.compare.__main__ import load_comm_bench
@@ -172,6 +175,16 @@ def test_compare_plots_step_time_against_link_rate_per_hook(tmp_path):
     (tmp_path / "bad.json").write_text('{"rows": [{"hook": "x"}]}')
     with pytest.raises(UserError, match="is not a bench.comm result"):
         load_comm_bench(tmp_path / "bad.json")
+
+
+def test_custom_rates_and_delays_move_the_held_out_cell_into_their_grid_and_hosts_are_bounded():
+    ns = argparse.Namespace(quick=True, rates="100,20", delays="0,2", hosts=2, steps=None, rounds=3)
+    size = comm.sized(ns)
+    assert size["rates"] == (100.0, 20.0) and size["delays"] == (0.0, 2.0) and size["rounds"] == 3
+    assert tuple(size["held_out"]) == comm.grid(size)[2] == (20.0, 0.0)  # (50, 1) is not in it: the middle cell
+    with pytest.raises(UserError, match="--hosts 1: use 2..16"):
+        comm.sized(argparse.Namespace(quick=True, rates=None, delays=None, hosts=1, steps=None, rounds=None))
+    assert math.isnan(comm_model._median([]))  # a hook with no rows has no median, not an error
 
 
 # ---- a real run across two hosts ------------------------------------------------------------

@@ -19,3 +19,22 @@ def test_cycled_batches_reuse_the_premade_tensors():
     batches = [object(), object()]
     longer = overhead.cycled(batches, 5)
     assert len(longer) == 5 and all(b is batches[i % 2] for i, b in enumerate(longer))
+
+
+def test_a_ctrl_c_the_stop_flag_took_still_ends_the_bench():
+    import os
+    import signal
+
+    import pytest
+    import torch
+
+    from handler.runtime.stopping import StopFlag
+    stop = StopFlag()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # the StopFlag's handler takes it, as in a real run
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+        run = overhead.harness_block(model, overhead.fixed_batches(2, 4, torch.device("cpu")), torch.device("cpu"), stop)
+        with pytest.raises(KeyboardInterrupt):
+            run()
+    finally:
+        stop.close()
