@@ -292,3 +292,15 @@ def test_the_rehearsal_runs_its_part_of_the_gpu_plan_on_this_cpu_end_to_end(k, t
                        "profiled run (nsys)"}, skipped
     assert f"[{len(data['checks'])}/{len(data['checks'])}] " in run.stdout and "ESTIMATE" in run.stdout
     assert "say nothing about GPU times" in (tmp_path / f"gpu_check_part{k}of{REHEARSAL_PARTS}.md").read_text()
+
+
+def test_a_check_that_raises_is_a_failed_row_and_a_missing_parent_package_is_absent():
+    from scripts.gpu_check_run import timed
+
+    def broken(check):
+        raise ValueError("no such metric")
+    problem, seconds = timed(broken, gpu_check.train("ddp", "--mode", "ddp"), time.perf_counter)
+    assert problem == "ValueError: no such metric" and seconds >= 0
+    # find_spec imports the parent first: a parent that is not installed means absent, not an error.
+    assert gpu_check.module_present("no_such_package_here.dali") is False
+    assert gpu_check.module_present("json") is True
