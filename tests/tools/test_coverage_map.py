@@ -51,3 +51,37 @@ def test_docs_gpu_check_carries_the_current_gpu_only_table():
                            capture_output=True, text=True, check=True).stdout.strip()
     docs = (ROOT / "docs" / "GPU_CHECK.md").read_text()
     assert table in docs, "docs/GPU_CHECK.md's GPU-only table is stale: paste `python scripts/coverage_map.py --gpu-table`"
+
+
+PRODUCT = '''def f(x):
+    if x:
+        return 1
+    return 2
+
+
+def g():  # gpu-only: tests/machine/test_gpu.py::test_g
+    return 3
+'''
+
+
+def test_the_map_counts_gpu_only_lines_apart_and_names_each_block_never_run(tmp_path, monkeypatch, capsys):
+    import coverage  # requirements-test.txt
+    monkeypatch.setattr(coverage_map, "ROOT", tmp_path)
+    (tmp_path / ".coveragerc").write_text((ROOT / ".coveragerc").read_text())
+    (tmp_path / "handler").mkdir()
+    source = tmp_path / "handler" / "mod.py"
+    source.write_text(PRODUCT)
+    data_file = tmp_path / "cov"
+    assert coverage_map.main(["--data", str(data_file)]) == 2
+    assert "no coverage data" in capsys.readouterr().err
+    data = coverage.CoverageData(basename=str(data_file))  # as if f(1) ran: lines 1-3 and g's def
+    data.add_lines({str(source): [1, 2, 3, 7]})
+    data.write()
+    assert coverage_map.main(["--data", str(data_file)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "line coverage of the main suite (all lines | outside GPU-only blocks):",
+        "  handler           66.7 % of     6 |  75.0 % of     4",
+        "  all               66.7 % of     6 |  75.0 % of     4",
+        "GPU-only blocks (docs/GPU_CHECK.md): 1, 2 lines",
+        "blocks never executed outside them: 1",
+        "  handler/mod.py:4-4  (f)"]
