@@ -10,7 +10,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh requirements-test.txt
-.venv/bin/python -m pip install -q "coverage==7.17.3" 2>&1 | grep -v '^WARNING' >&2 || true
 rm -rf .coverage-data && mkdir -p .coverage-data reports
 # Two xdist workers, as scripts/test.sh runs it (TEST_WORKERS=N to change); the workers and
 # everything they start are measured. Coverage slows every line, so a test near its time
