@@ -49,8 +49,12 @@ def test_a_store_that_stops_answering_mid_probe_means_it_is_gone(fresh_report, m
     from tests.faults.test_peers import held_store
     monkeypatch.setattr(peers, "STORE_TIMEOUT_S", 0.5)
     store, port, control = held_store()
-    control.sendall(b"f")  # from now on the store's answers are held: the probe's calls time out
+    control.sendall(b"f")  # from now on the store's answers are held: even the probe's connection fails
     time.sleep(0.2)
+    assert peers.lost_ranks("127.0.0.1", port, 0, 2) is None
+    # Held while the probe waits between its two reads: its second read times out.
+    store, port, control = held_store()
+    threading.Timer(peers.BEAT_S, control.sendall, args=(b"f",)).start()
     assert peers.lost_ranks("127.0.0.1", port, 0, 2) is None
 
 
