@@ -24,6 +24,7 @@ def test_cycled_batches_reuse_the_premade_tensors():
 def test_a_ctrl_c_the_stop_flag_took_still_ends_the_bench():
     import os
     import signal
+    import time
 
     import pytest
     import torch
@@ -32,6 +33,8 @@ def test_a_ctrl_c_the_stop_flag_took_still_ends_the_bench():
     stop = StopFlag()
     try:
         os.kill(os.getpid(), signal.SIGINT)  # the StopFlag's handler takes it, as in a real run
+        while not stop.signum:
+            time.sleep(0.01)
         model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
         run = overhead.harness_block(model, overhead.fixed_batches(2, 4, torch.device("cpu")), torch.device("cpu"), stop)
         with pytest.raises(KeyboardInterrupt):
