@@ -108,7 +108,10 @@ def test_a_cpu_with_native_bf16_gets_no_note(monkeypatch):
 
 
 def test_ctrl_c_inside_one_line_errors_is_one_line_and_exit_130():
+    # xdist's workers ignore SIGINT and a child inherits that, so Python would install no
+    # handler: give it the one a process started from a shell has.
     code = ("import os, signal, time\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "from handler.runtime.errors import one_line_errors\n"
             "with one_line_errors('train'):\n"
             "    print('ready', flush=True)\n"
