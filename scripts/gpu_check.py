@@ -109,7 +109,10 @@ def run(checks: List[Check], args: argparse.Namespace, scale: Scale) -> int:
     env = environment(rehearsal=args.rehearse)
     say_plan(checks, scale, args.budget)
     print(f"gpu_check: {env['gpus']} x {env['gpu']}; logs under {out}/runs", flush=True)
-    hidden = {"CUDA_VISIBLE_DEVICES": ""} if args.rehearse else {}
+    # The rehearsal's CPU launches wait passively, as the suite's do (tests/conftest.py): with
+    # spinning OpenMP threads beside one busy core, its SIGTERM check took over 240 s, not 22 s.
+    hidden = {"CUDA_VISIBLE_DEVICES": "", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")} \
+        if args.rehearse else {}
     k, n = parse_part(args.part)
     stem = "gpu_check" if n == 1 else f"gpu_check_part{k}of{n}"
     results = run_all(checks, Runner(sys.executable, out, scale, hidden), budget_s=args.budget, scale=scale,
