@@ -3,7 +3,7 @@
 Kernels, runtime calls, copies and memsets are copied K times, each copy shifted by the
 source's span (plus a gap) and its correlation ids shifted past the source's largest, so
 every copy's launches still link to its own kernels. The source's own NVTX ranges (PyTorch's
-`aten::...`) are dropped and replaced by ours (DESIGN.md §4): on each process's main thread a
+`aten::...`) are dropped and replaced by ours (docs/PROFILING.md): on each process's main thread a
 `rank r` mark, then `epochs` epochs of `batches` batches over the whole tiled span, each batch
 split into the phases of PHASE_SPLIT. docs/RESULTS.md ("Profile analysis at scale") uses it.
 """

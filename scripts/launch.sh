@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The lab's entry point: one training run of train_cifar.py, profiled by Nsight Systems.
-# Contract: DESIGN.md §5; docs/PROFILING.md shows how to read the result.
+# Contract and how to read the result: docs/PROFILING.md.
 #
 #   MODE=ddp NUM_GPUS=2 scripts/launch.sh [train_cifar.py arguments...]
 #

@@ -1,5 +1,5 @@
 # Options for `nsys profile`, sourced by scripts/launch.sh and by the profiling tests, so
-# the tests profile exactly what the lab runs (DESIGN.md §5).
+# the tests profile exactly what the lab runs (docs/PROFILING.md).
 #
 # CPU sampling and context-switch tracing are off:
 # - The analysis reads only NVTX ranges and CUDA activity.

@@ -1,6 +1,6 @@
 """Shared by the tests that run Nsight Systems.
 
-nsys is optional on a laptop but required in CI (DESIGN.md §6): without it these tests
+nsys is optional on a laptop but required in CI (README.md): without it these tests
 skip, unless CI=true, where they fail so that a broken CI image cannot pass silently.
 """
 import os
@@ -69,7 +69,7 @@ PHASE_SPLIT = (("data", 0.10), ("h2d", 0.05), ("forward", 0.30), ("backward", 0.
 
 
 def with_training_ranges(source: Path, target: Path, batches: int = 4, string_ids: bool = False) -> dict:
-    """Copy a real export and add DESIGN.md §4 ranges for every process that made CUDA calls:
+    """Copy a real export and add docs/PROFILING.md ranges for every process that made CUDA calls:
     a `rank r` mark, `epoch 0` over its CUDA activity, `batches` equal `batch i` ranges, and the
     phases of PHASE_SPLIT in each, on the thread whose tid is the pid (the main thread).
     string_ids: store the text in StringIds (textId) instead of inline, as registered strings are.

@@ -1,4 +1,4 @@
-"""Files DALI reads, derived once from the CIFAR arrays (DESIGN.md §2).
+"""Files DALI reads, derived once from the CIFAR arrays (docs/DATA.md).
 
 One file per image: `raw` holds the 32x32x3 uint8 pixels as they are (3072 bytes,
 no decoding needed); `jpeg` holds a quality-95 4:4:4 JPEG, which nvJPEG can decode

@@ -1,5 +1,5 @@
 """DDP's gradient exchange: which hook runs, and the `allreduce b{k}` ranges around it
-(DESIGN.md §4 and §9).
+(docs/PROFILING.md and docs/COMM.md).
 
 The hooks are torch's own (ddp_comm_hooks): plain all-reduce, fp16/bf16 compression (cast,
 all-reduce, cast back) and PowerSGD (handler/DDP/powersgd.py keeps its state resumable).

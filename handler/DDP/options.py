@@ -1,4 +1,4 @@
-"""The DDP modes' communication options (DESIGN.md §9), checked before any process starts."""
+"""The DDP modes' communication options (docs/COMM.md), checked before any process starts."""
 from ..runtime.errors import need
 from ..train.config import changed_comm_options
 

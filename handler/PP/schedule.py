@@ -3,7 +3,7 @@
 torch.distributed.pipelining moves the activations and gradients; `TracedStage` only
 marks, per micro-batch j, `fwd mb{j}` and `bwd mb{j}`, and `send` / `recv` from the
 moment the stage hands the schedule its communication until its next piece of work,
-which is where it waits for a neighbour (DESIGN.md §4).
+which is where it waits for a neighbour (docs/PROFILING.md).
 """
 import inspect
 import sys

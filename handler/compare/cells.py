@@ -13,7 +13,7 @@ from ..runtime.errors import UserError
 RESERVED = ("--mode", "--num_gpu", "--num-gpu", "--metrics")
 DEFAULT_COUNTS = (1, 2, 4)
 CPU_COUNTS = (1, 2)
-HOOKED_MODES = ("ddp", "ddp_dali")  # the modes with --comm-hook (DESIGN.md §9)
+HOOKED_MODES = ("ddp", "ddp_dali")  # the modes with --comm-hook (docs/COMM.md)
 DP_CPU_SKIP = "dp needs GPUs to split work; on CPU it is one process whatever the count"
 
 

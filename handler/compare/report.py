@@ -53,7 +53,7 @@ def markdown(rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled
              "Epoch time and images/s are medians over the epochs after the first (or the only epoch). "
              "Speed-up is against the same variant's smallest process count; efficiency is speed-up "
              "÷ ideal. Data wait is the share of epoch time spent waiting for the loader (metrics JSON). "
-             "Phase shares are of training-batch time from the nsys NVTX ranges (DESIGN.md §4), "
+             "Phase shares are of training-batch time from the nsys NVTX ranges (docs/PROFILING.md), "
              "pooled over ranks; `other` is batch time no phase covers.", "",
              "## Results", "", *results_table(rows), ""]
     lines += [f"### {title}\n\n![{title}]({name})\n" for title, name in plots.items()]

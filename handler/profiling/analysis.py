@@ -1,4 +1,4 @@
-"""Per-rank numbers from the NVTX ranges of DESIGN.md §4 (and CUDA activity on GPU runs).
+"""Per-rank numbers from the NVTX ranges of docs/PROFILING.md (and CUDA activity on GPU runs).
 
 A phase counts only inside a `batch` range, so evaluation's forward passes, say, never
 inflate training shares. Shares are of summed batch time; what no phase covers is "other".
@@ -35,7 +35,7 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
 
 
 def comm_config(metrics: dict | None) -> dict | None:
-    """The run's gradient hook and DDP buckets (DESIGN.md §9), from the metrics config.
+    """The run's gradient hook and DDP buckets (docs/COMM.md), from the metrics config.
     None without metrics; a run from before --comm-hook used DDP's plain all-reduce."""
     config = (metrics or {}).get("config")
     if not config or config.get("mode") not in ("ddp", "ddp_dali"):

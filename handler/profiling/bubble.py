@@ -1,4 +1,4 @@
-"""The pipeline bubble per stage, from the pp NVTX ranges (DESIGN.md §4 and §7).
+"""The pipeline bubble per stage, from the pp NVTX ranges (docs/PROFILING.md).
 
 Inside each training batch, a stage's pipeline span runs from its first `fwd mb{j}`,
 `bwd mb{j}`, `send` or `recv` range to its last one. Busy is the time in `fwd`/`bwd`

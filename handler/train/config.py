@@ -297,7 +297,7 @@ def changed_options(cfg: Config, flags) -> list:
 
 
 def changed_comm_options(cfg: Config) -> list:
-    """The DDP communication flags (DESIGN.md §9) that differ from their defaults."""
+    """The DDP communication flags (docs/COMM.md) that differ from their defaults."""
     return changed_options(cfg, (("--comm-hook", "comm_hook"), ("--powersgd-rank", "powersgd_rank"),
                                  ("--powersgd-warmup", "powersgd_warmup"), ("--bucket-cap-mb", "bucket_cap_mb"),
                                  ("--static-graph", "static_graph"), ("--grad-as-bucket-view", "grad_as_bucket_view")))

@@ -1,4 +1,4 @@
-"""The run's metrics JSON (DESIGN.md §3), rewritten by rank 0 after every epoch."""
+"""The run's metrics JSON (docs/METRICS.md), rewritten by rank 0 after every epoch."""
 import datetime
 import importlib.metadata
 import json

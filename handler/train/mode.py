@@ -16,4 +16,4 @@ class Mode:
     preflight: Callable = _nothing  # cfg -> None: what the environment must have (an installed library)
     sync_bn: bool = False           # accepts --sync-bn (SyncBatchNorm across DDP ranks)
     sync_bn_refusal: str = ""       # the mode's own reason, added to the --sync-bn refusal
-    comm_hooks: bool = False        # accepts --comm-hook and DDP's bucket options (DESIGN.md §9)
+    comm_hooks: bool = False        # accepts --comm-hook and DDP's bucket options (docs/COMM.md)

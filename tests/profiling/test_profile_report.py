@@ -18,7 +18,7 @@ from tests.nsys_helpers import REPO, path_without_nsys, profile, require_nsys
 EPOCHS, BATCHES = 2, 6
 SLEEP_MS = {"data": 4, "h2d": 2, "forward": 10, "backward": 15, "optimizer": 5}  # h2d on even batches only
 
-# Each rank marks itself, then nests phases in batches in epochs as DESIGN.md §4 says.
+# Each rank marks itself, then nests phases in batches in epochs as docs/PROFILING.md says.
 # validate also pushes "forward": the analysis must not count it as training.
 TOY_RUN = textwrap.dedent(f"""
     import json, sys, time

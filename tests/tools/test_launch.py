@@ -1,4 +1,4 @@
-"""scripts/launch.sh end to end on CPU (DESIGN.md §5): profiled runs, nsys-less runs, runs that
+"""scripts/launch.sh end to end on CPU (docs/PROFILING.md): profiled runs, nsys-less runs, runs that
 never replace an earlier run, bad settings."""
 import json
 

@@ -1,4 +1,4 @@
-"""A profiled launch never hangs and never leaves world-writable files (DESIGN.md §5).
+"""A profiled launch never hangs and never leaves world-writable files (docs/PROFILING.md).
 
 A fake nsys first on PATH behaves as nsys does where it matters: it starts the program with
 umask 000, writes a report, and can then hang as nsys 2022.4 once did (a stuck child left

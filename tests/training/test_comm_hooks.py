@@ -1,5 +1,5 @@
 """--comm-hook and the DDP bucket options: validation, ranges, PowerSGD's resumable memory,
-and every hook still learning (DESIGN.md §9)."""
+and every hook still learning (docs/COMM.md)."""
 import copy
 import threading
 import time

@@ -1,4 +1,4 @@
-"""End to end: each mode trains on CPU, writes the DESIGN.md metrics, and learns."""
+"""End to end: each mode trains on CPU, writes the metrics of docs/METRICS.md, and learns."""
 import pytest
 
 from tests.conftest import N_TEST, PROCESSES, read_metrics
