@@ -122,10 +122,3 @@ def fixed_batches(count: int, batch: int, device: Union[str, "torch.device"] = "
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(batch, 3, 32, 32, generator=g).to(device),
              torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(count)]
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

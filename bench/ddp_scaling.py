@@ -24,12 +24,12 @@ from typing import Any, Dict
 
 import torch
 
-from bench.common import (alternate, check_target, context, emit, fixed_batches, free_port, make_step,
+from bench.common import (alternate, check_target, context, emit, fixed_batches, make_step,
                           parser, summary, table)
 from handler.runtime.cpu_memory import keep_freed_memory
 from handler.train.loop import _optimise
 from handler.DDP.model import model_to_DDP
-from handler.DDP.utils import destroy_process, initialize_group, run_process
+from handler.DDP.utils import destroy_process, held_store, initialize_group, run_process
 from models import build_model
 
 FULL: Dict[str, Any] = dict(model="resnet20", batch=128, warmup=3, steps=12, rounds=5)
@@ -43,7 +43,7 @@ CEILING = (CONTROL, "1 rank x 2 threads")
 
 def worker(proc_id: int, world: int, threads: int, ddp: bool, port: int, size: dict, out: str) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=120)
+    me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=120, store_held=True)
     keep_freed_memory()  # as fit() does in every CPU rank
     try:
         torch.manual_seed(0)
@@ -72,7 +72,8 @@ def worker(proc_id: int, world: int, threads: int, ddp: bool, port: int, size: d
 def measurement(world: int, threads: int, ddp: bool, size: dict, folder: str):
     def run() -> float:
         out = os.path.join(folder, f"w{world}t{threads}{'ddp' if ddp else 'plain'}.json")
-        run_process(worker, (world, threads, ddp, free_port(), size, out), nprocs=world, use_cuda=False)
+        with held_store("127.0.0.1", 0) as port:
+            run_process(worker, (world, threads, ddp, port, size, out), nprocs=world, use_cuda=False)
         result = json.loads(Path(out).read_text())
         assert result["threads"] == threads, f"asked for {threads} threads, the rank used {result['threads']}"
         return result["images_per_s"]

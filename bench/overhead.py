@@ -33,14 +33,14 @@ from statistics import median  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import (alternate, check_target, context, emit, fixed_batches, free_port,  # noqa: E402
+from bench.common import (alternate, check_target, context, emit, fixed_batches,  # noqa: E402
                           make_optimizer, make_step, parser, summary, table)
 from handler.runtime import nvtx  # noqa: E402
 from handler.train.divergence import DivergenceGuard  # noqa: E402
 from handler.train.loop import sync, train_epoch  # noqa: E402
 from handler.runtime.stopping import StopFlag  # noqa: E402
 from handler.DDP.model import model_to_DDP  # noqa: E402
-from handler.DDP.utils import destroy_process, initialize_group  # noqa: E402
+from handler.DDP.utils import destroy_process, held_store, initialize_group  # noqa: E402
 from models import build_model  # noqa: E402
 
 FULL = dict(model="resnet20", batch=128, steps=5, rounds=15, block_s=0.5)
@@ -151,12 +151,13 @@ def main(argv=None) -> dict:
     started = context("overhead")
     size = dict(QUICK if args.quick else FULL)
     cuda = torch.cuda.is_available()
-    me = initialize_group(0, "127.0.0.1", free_port(), 1, use_cuda=cuda, timeout_s=60)
-    try:
-        faults = {}
-        rates = measure(size, torch.device(me.device), faults)
-    finally:
-        destroy_process()
+    with held_store("127.0.0.1", 0) as port:
+        me = initialize_group(0, "127.0.0.1", port, 1, use_cuda=cuda, timeout_s=60, store_held=True)
+        try:
+            faults = {}
+            rates = measure(size, torch.device(me.device), faults)
+        finally:
+            destroy_process()
     paired = {name: [a / b for a, b in zip(samples, rates["bare"])] for name, samples in rates.items()}
     headline = median(paired["harness (ddp, world 1)"])
     results = {**size, "device": me.device, "threads": torch.get_num_threads(), "nvtx_active": nvtx.ACTIVE,

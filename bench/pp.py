@@ -27,10 +27,10 @@ from typing import Any, Dict
 
 import torch
 
-from bench.common import check_target, context, emit, fixed_batches, free_port, make_step, parser, ratio, table
+from bench.common import check_target, context, emit, fixed_batches, make_step, parser, ratio, table
 from handler.runtime.cpu_memory import keep_freed_memory
 from handler.train.loop import _optimise
-from handler.DDP.utils import destroy_process, initialize_group, run_process
+from handler.DDP.utils import destroy_process, held_store, initialize_group, run_process
 from handler.profiling.bubble import theoretical_bubble
 from handler.PP.schedule import Pipeline, model_to_pipeline
 from handler.PP.step import pipeline_step
@@ -86,7 +86,7 @@ class _Held:
 
 def worker(proc_id, world, schedule, m, split, port, size, out):
     os.environ["OMP_NUM_THREADS"] = "1"
-    me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=120)
+    me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=120, store_held=True)
     keep_freed_memory()
     try:
         torch.manual_seed(0)
@@ -130,7 +130,8 @@ def worker(proc_id, world, schedule, m, split, port, size, out):
 
 def measure(world, schedule, m, split, size, folder, tag=""):
     out = os.path.join(folder, f"{schedule}-{m}-{split}{tag}.json")
-    run_process(worker, (world, schedule, m, split, free_port(), size, out), nprocs=world, use_cuda=False)
+    with held_store("127.0.0.1", 0) as port:
+        run_process(worker, (world, schedule, m, split, port, size, out), nprocs=world, use_cuda=False)
     return json.loads(Path(out).read_text())
 
 

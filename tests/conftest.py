@@ -15,7 +15,9 @@ fixtures, so (tests/parallel.py):
 import functools
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -176,6 +178,27 @@ def error_lines(proc) -> list:
 def read_metrics(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def free_port() -> int:
+    """A port for a rendezvous that several processes must know in advance (tests that can
+    pass port 0 do). A port-0 bind would do here only until the test's processes bind it:
+    meanwhile another xdist worker's gloo ranks, stores and connections take ports from the
+    same kernel range (EADDRINUSE, seen in CI). So: below that range, in a block of its own
+    for each xdist worker, and free now."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+    block = (ephemeral_low - 20000) // 8
+    first = 20000 + (worker % 8) * block
+    for port in random.sample(range(first, first + block), 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + block - 1}")
 
 
 # ---- data and shared runs --------------------------------------------------------------

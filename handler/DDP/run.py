@@ -9,15 +9,17 @@ from ..data.dataset import data_lock, prepare_dataset
 from ..runtime.errors import one_line_errors
 from ..train.trainer import fit
 from . import flight_recorder, peers
-from .utils import (destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, run_process,
-                    store_address)
+from .utils import (destroy_process, elastic_restart_count, held_store, initialize_group, launched_by_torchrun,
+                    run_process, store_address)
 
 
 def run(cfg, strategy) -> None:
     if launched_by_torchrun():
         worker(0, cfg, strategy)
     else:
-        run_process(worker, (cfg, strategy), nprocs=cfg.world_size, use_cuda=cfg.use_cuda)
+        with held_store(cfg.host, cfg.port) as port:
+            run_process(worker, (dataclasses.replace(cfg, port=port), strategy), nprocs=cfg.world_size,
+                        use_cuda=cfg.use_cuda)
 
 
 def worker(proc_id: int, cfg, strategy) -> None:
@@ -26,7 +28,7 @@ def worker(proc_id: int, cfg, strategy) -> None:
             cfg = _torchrun_preparation(cfg)
         flight_recorder.enable(cfg.ckpt, use_cuda=cfg.use_cuda)  # before the group: torch reads the settings then
         me = initialize_group(proc_id, cfg.host, cfg.port, cfg.num_gpu,
-                              use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout)
+                              use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout, store_held=True)
         try:
             cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))
             validate(cfg)  # torchrun may have chosen a world size the command line did not

@@ -4,15 +4,17 @@ Single node: `run_process` starts one process per device (see `start_method`). U
 torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) the processes already exist and join the group
 through the environment instead.
 """
+import contextlib
 import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import List, Tuple, cast
+from typing import Iterator, List, Tuple, cast
 
 import torch
 import torch.distributed as tdist
@@ -122,9 +124,31 @@ def _stopped(pid: int) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def held_store(host: str, port: int) -> Iterator[int]:
+    """Host the ranks' rendezvous store in the process that spawns them, and yield its port.
+
+    The store binds the port itself (0: the kernel picks a free one) and keeps it until the
+    ranks are done. Choosing a free port and letting rank 0 bind it later would leave seconds
+    in which another program can take it (EADDRINUSE at start-up)."""
+    try:
+        store = tdist.TCPStore(host, port, is_master=True, wait_for_workers=False)  # pyright: ignore[reportPrivateImportUsage]  # public API; torch.distributed re-exports it without __all__
+    except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError
+        reason = re.search(r"message: ([^\n]+)", str(err))  # c10d: "..., name: EADDRINUSE, message: address already in use"
+        raise UserError(f"--port {port} on {host} is not available ({reason[1] if reason else str(err)[:80]}); "
+                        "choose another port, or omit --port to pick a free one") from None
+    try:
+        yield store.port
+    finally:
+        del store
+
+
 def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
-                     use_cuda: bool, timeout_s: float) -> Rank:
-    """Pick this process's device, join the process group, and wait for every peer."""
+                     use_cuda: bool, timeout_s: float, store_held: bool = False) -> Rank:
+    """Pick this process's device, join the process group, and wait for every peer.
+
+    store_held: the spawning process hosts the store at host:port (`held_store`), so every
+    rank joins it as a client; otherwise rank 0 creates it (tcp:// rendezvous)."""
     cuda_status()  # probe CUDA once, quietly: the group's barrier asks again
     if launched_by_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -145,9 +169,16 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
         torch.set_num_threads(max(1, int(threads)))
         device, backend = "cpu", "gloo"
     dist.set_timeout(datetime.timedelta(seconds=timeout_s))
-    tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                             timeout=datetime.timedelta(seconds=group_timeout_s(backend, timeout_s)),
-                             device_id=torch.device(device) if use_cuda else None)
+    timeout = datetime.timedelta(seconds=group_timeout_s(backend, timeout_s))
+    device_id = torch.device(device) if use_cuda else None
+    if store_held and not launched_by_torchrun():
+        # The keys under the same prefix as a tcp:// rendezvous would use.
+        client = tdist.TCPStore(host, port, world, is_master=False, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
+        tdist.init_process_group(backend, store=tdist.PrefixStore("default_pg", client), rank=rank,  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
+                                 world_size=world, timeout=timeout, device_id=device_id)
+    else:
+        tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                 timeout=timeout, device_id=device_id)
     tdist.barrier()
     return Rank(rank=rank, local_rank=local_rank, world_size=world, device=device, backend=backend)
 

@@ -1,5 +1,4 @@
 """Checks run once, before any worker starts, so bad input fails fast and in one line."""
-import dataclasses
 import datetime
 import os
 import socket
@@ -18,12 +17,6 @@ def _writable_dir(path: str, flag: str) -> None:
     except OSError as err:
         raise UserError(f"{flag} {path} is not writable ({err.strerror}); choose a writable "
                         f"directory with {flag}") from None
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _check_port(host: str, port: int) -> None:
@@ -55,8 +48,8 @@ def _earlier_run(cfg, restarted: bool) -> None:
 
 def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
     """Validate the environment, with the mode's own checks (mode.preflight); when this
-    process will spawn the ranks, also fetch the data (rank 0's job) and pick the
-    rendezvous port. Returns the resolved config."""
+    process will spawn the ranks, also fetch the data (rank 0's job) and check the
+    rendezvous port if one was given. Returns the resolved config."""
     if cfg.save != "none":
         _writable_dir(cfg.ckpt, "--ckpt")
         _earlier_run(cfg, restarted)
@@ -68,11 +61,8 @@ def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
         ckpt = load_checkpoint(resume_path(cfg), "cpu")
     if not spawning:
         return cfg
-    if cfg.mode != "dp":
-        if cfg.port:
-            _check_port(cfg.host, cfg.port)
-        else:
-            cfg = dataclasses.replace(cfg, port=_free_port(cfg.host))
+    if cfg.mode != "dp" and cfg.port:
+        _check_port(cfg.host, cfg.port)  # early; the spawning process binds it later (DDP/utils.py held_store)
     cfg = prepare_dataset(cfg)
     splits = load_splits(cfg)  # reads every batch file: corrupt data fails here, named, before spawning
     if ckpt is not None:

@@ -101,3 +101,19 @@ def test_the_flight_recorder_dumps_into_the_run_folder_or_says_this_torch_cannot
     # torch 2.6 has no general dump (only NCCL's): the line says so and the run goes on.
     monkeypatch.delattr(c10d, "_dump_fr_trace")
     assert fr.dump(3).startswith("no Flight Recorder dump: this torch cannot dump a gloo group's record")
+
+
+def test_the_spawning_process_holds_the_rendezvous_port_until_the_ranks_are_done():
+    """The port a run gets is bound by its launcher from the start (regression: it was only
+    chosen free, and another program took it before rank 0 bound it: EADDRINUSE in CI).
+    A port already held is one line naming it."""
+    import socket
+
+    from handler.DDP.utils import held_store
+    with held_store("127.0.0.1", 0) as port:
+        assert port > 0
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("127.0.0.1", port))
+        with pytest.raises(UserError, match=f"--port {port} on 127.0.0.1 is not available"), \
+                held_store("127.0.0.1", port):
+            pass

@@ -18,7 +18,7 @@ import torch
 from handler.DDP.utils import start_method
 from handler.runtime.nvtx import PROFILER_ENV
 from handler.train.checkpoint import load_checkpoint
-from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, hung, read_metrics, run_cli
+from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, free_port, hung, read_metrics, run_cli
 
 # ~2-3 s per epoch on 2 cores: long enough to hit mid-epoch, short enough to finish.
 LONG = ["--batch-size", 32, "--valid-size", 100, "--lr", 0.05, *SMALL]
@@ -27,12 +27,6 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # last.pt appears; an elastic restart's rest of the run; a 1-rank resume's last epoch.
 FIRST_EPOCH, ELASTIC_FINISH, RESUME_REST = 30, 40, 40
 
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(args, tmp_path, cmd=None, env=None):
@@ -259,7 +253,7 @@ def test_signal_stops_all_ranks_at_a_step_with_a_checkpoint(how, data_root, tmp_
 def test_elastic_restart_resumes_from_the_last_checkpoint_and_completes(data_root, tmp_path, killer_cleanup):
     # Elastic jobs rendezvous through c10d: each restart round gets fresh keys.
     proc = start(["--nproc_per_node=2", "--max-restarts=1", "--rdzv-backend=c10d",
-                  f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=elastic-test",
+                  "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=elastic-test",
                   ROOT / "train_cifar.py", "--mode", "ddp", "--data", data_root, "--ckpt", tmp_path,
                   "--epochs", 2, *LONG], tmp_path, cmd=TORCHRUN,
                  env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})  # pytorch#135712, see README

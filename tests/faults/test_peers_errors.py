@@ -15,14 +15,12 @@ import torch.distributed as tdist
 from handler.DDP import peers
 from handler.runtime import dist
 from handler.runtime.errors import UserError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 
 
 def closed_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on (free now, and outside the range other processes draw from)."""
+    return free_port()
 
 
 def real_store() -> tdist.TCPStore:

@@ -1,5 +1,4 @@
 """DDP is the same optimisation as one process: gradients, sharding and evaluation."""
-import socket
 
 import numpy as np
 import pytest
@@ -9,14 +8,9 @@ from handler.train.config import Config
 from handler.data.dataset import Splits
 from handler.data.loaders import ShardSampler
 from handler.DDP.cifar10_loader import get_DDP_loader
-from tests.conftest import spawn_within_budget
+from tests.conftest import free_port, spawn_within_budget
 from tests.dist_workers import TinyNet, all_workers, fixed_batches, train_steps
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def single_process_params(steps, batch, accum_steps=1):

@@ -4,7 +4,6 @@ import itertools
 import json
 import random
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -17,16 +16,11 @@ from handler.runtime.errors import UserError
 from handler.profiling.bubble import theoretical_bubble
 from handler.PP.stages import balanced_split, describe, stage_groups_to_blocks, unit_params
 from handler.PP.timing import TimingCache, cache_key, device_name
-from tests.conftest import ROOT, read_metrics, run_cli
+from tests.conftest import ROOT, free_port, read_metrics, run_cli
 from tests.nsys_helpers import profile, require_nsys
 from models.resnet import resnet20
 from tests.pp_workers import accumulation_result, pp_worker
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 RUNS = (("gpipe", "time"), ("1f1b", "time"), ("1f1b", "params"))

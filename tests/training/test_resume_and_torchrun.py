@@ -1,14 +1,13 @@
 """Resumed runs equal straight runs; torchrun on two nodes trains too. (torchrun on one node
 with 2 processes: tests/faults/test_faults.py's elastic-restart run trains to the end under it.)"""
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.conftest import (N_TEST, ROOT, SLACK, SMALL, hung, kill_group, read_metrics, run_cli,
+from tests.conftest import (free_port, N_TEST, ROOT, SLACK, SMALL, hung, kill_group, read_metrics, run_cli,
                             two_epoch_args)
 
 ONE_EPOCH = ["--epochs", 1, "--batch-size", 64, "--valid-size", 100, *SMALL]
@@ -33,11 +32,6 @@ def test_two_epochs_straight_equal_one_epoch_then_resume_bit_for_bit(mode, two_e
     assert [e["train_loss"] for e in ma["epochs"]] == [e["train_loss"] for e in mb["epochs"]]
     assert ma["test"] == mb["test"]
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
