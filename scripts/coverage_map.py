@@ -12,6 +12,7 @@ that the docs carry it unchanged.
 
     python scripts/coverage_map.py              the map (after scripts/coverage.sh)
     python scripts/coverage_map.py --gpu-table  the GPU-only table, as markdown
+    python scripts/coverage_map.py --write-gpu-table  update docs/GPU_CHECK.md's copy
 """
 from __future__ import annotations
 
@@ -90,6 +91,19 @@ def gpu_table(blocks: list[GpuBlock]) -> str:
     return "\n".join(rows)
 
 
+def write_gpu_table(table: str, docs: Path) -> None:
+    """Replace the copy of the table in docs (the rows under its header) with table."""
+    lines = docs.read_text().splitlines()
+    header = table.splitlines()[0]
+    if header not in lines:
+        raise SystemExit(f"coverage_map: {docs} has no table headed {header!r}; paste --gpu-table there once")
+    first = lines.index(header)
+    last = first
+    while last < len(lines) and lines[last].startswith("|"):
+        last += 1
+    docs.write_text("\n".join(lines[:first] + table.splitlines() + lines[last:]) + "\n")
+
+
 def _runs(lines: list[int], statements: list[int]) -> list[tuple[int, int]]:
     """Missing lines grouped into blocks: consecutive statements, whatever lies between."""
     order = {line: i for i, line in enumerate(statements)}
@@ -141,10 +155,14 @@ def coverage_map(data_file: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or " ").splitlines()[0])
     parser.add_argument("--gpu-table", action="store_true", help="print the GPU-only table for docs/GPU_CHECK.md")
+    parser.add_argument("--write-gpu-table", action="store_true", help="update docs/GPU_CHECK.md's copy of it in place")
     parser.add_argument("--data", type=Path, default=ROOT / ".coverage-data" / "cov", help="combined coverage data")
     args = parser.parse_args(argv)
     if args.gpu_table:
         print(gpu_table(gpu_blocks()))
+        return 0
+    if args.write_gpu_table:
+        write_gpu_table(gpu_table(gpu_blocks()), ROOT / "docs" / "GPU_CHECK.md")
         return 0
     if not args.data.exists():
         print(f"coverage_map: no coverage data at {args.data}; run bash scripts/coverage.sh first", file=sys.stderr)

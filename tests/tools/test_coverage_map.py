@@ -50,7 +50,14 @@ def test_docs_gpu_check_carries_the_current_gpu_only_table():
     table = subprocess.run([sys.executable, str(ROOT / "scripts" / "coverage_map.py"), "--gpu-table"],
                            capture_output=True, text=True, check=True).stdout.strip()
     docs = (ROOT / "docs" / "GPU_CHECK.md").read_text()
-    assert table in docs, "docs/GPU_CHECK.md's GPU-only table is stale: paste `python scripts/coverage_map.py --gpu-table`"
+    assert table in docs, "docs/GPU_CHECK.md's GPU-only table is stale: run `python scripts/coverage_map.py --write-gpu-table`"
+
+
+def test_the_docs_table_is_rewritten_in_place_and_the_text_around_it_kept(tmp_path):
+    docs = tmp_path / "GPU_CHECK.md"
+    docs.write_text("# t\n\nbefore\n\n| file | lines | code | proved by |\n|---|---|---|---|\n| `a.py` | 1-2 | `f` | x |\n\nafter\n")
+    coverage_map.write_gpu_table("| file | lines | code | proved by |\n|---|---|---|---|\n| `b.py` | 3-4 | `g` | y |", docs)
+    assert docs.read_text() == "# t\n\nbefore\n\n| file | lines | code | proved by |\n|---|---|---|---|\n| `b.py` | 3-4 | `g` | y |\n\nafter\n"
 
 
 PRODUCT = '''def f(x):
