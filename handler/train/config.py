@@ -65,6 +65,7 @@ class Config:
     static_graph: bool = False
     grad_as_bucket_view: bool = False
     profile_epochs: str = ""  # "" = the default window (handler/train/capture.py), "all", or "A:B"
+    dataset_fallback: str = ""  # set by prepare_dataset: why --dataset auto ran synthetic data (docs/METRICS.md)
     # Filled per process by the mode's setup.
     use_cuda: bool = False
     world_size: int = 1
