@@ -1,0 +1,53 @@
+"""The user-facing contracts in docs/ cannot fall behind the code: every option train_cifar.py
+accepts is in docs/CLI.md, and every key a real run writes into its metrics JSON is in
+docs/METRICS.md (config keys may instead be documented as their option in CLI.md)."""
+import re
+
+from handler.modes import all_modes
+from handler.train.config import build_parser
+from tests.conftest import ROOT, read_metrics
+
+CLI = (ROOT / "docs" / "CLI.md").read_text()
+METRICS = (ROOT / "docs" / "METRICS.md").read_text()
+
+
+def mentions(page: str, word: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", page) is not None
+
+
+def test_every_option_of_the_parser_is_in_the_cli_page():
+    flags = [flag for action in build_parser(all_modes())._actions for flag in action.option_strings
+             if flag not in ("-h", "--help")]
+    assert len(flags) > 30, flags  # the parser was read, not an empty list
+    missing = [flag for flag in flags if not mentions(CLI, flag)]
+    assert not missing, f"docs/CLI.md does not mention {missing}; add them to its table"
+
+
+def keys(value, prefix="") -> list:
+    """Every key of a metrics file as a dotted path (list items as `[]`), leaves and inner keys."""
+    if isinstance(value, dict):
+        out = []
+        for key, inner in value.items():
+            out += [f"{prefix}{key}", *keys(inner, f"{prefix}{key}.")]
+        return out
+    if isinstance(value, list):
+        return [path for item in value for path in keys(item, f"{prefix.rstrip('.')}[].")]
+    return []
+
+
+def documented(path: str) -> bool:
+    """env.hosts' keys are rank numbers, which the page writes as `"<rank>"`."""
+    *parents, name = path.split(".")
+    if parents == ["env", "hosts"]:
+        return mentions(METRICS, '"<rank>"')
+    if parents[:1] == ["config"]:  # an option: its flag on the CLI page, or the field here
+        return mentions(METRICS, name) or mentions(CLI, "--" + name.replace("_", "-")) or mentions(CLI, "--" + name)
+    return mentions(METRICS, name)
+
+
+def test_every_key_a_real_run_writes_into_its_metrics_is_in_the_metrics_page(two_epoch_run):
+    _, folder = two_epoch_run("ddp")
+    written = sorted(set(keys(read_metrics(folder / "metrics.json"))))
+    assert {"config.comm_hook", "env.notes", "epochs[].phase_s.forward", "test.acc"} <= set(written), written
+    missing = [path for path in written if not documented(path)]
+    assert not missing, f"docs/METRICS.md does not mention {missing}; describe them there"
