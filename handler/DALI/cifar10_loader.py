@@ -19,8 +19,8 @@ def require_dali() -> None:
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
-        raise UserError("--mode ddp_dali needs NVIDIA DALI: pip install nvidia-dali-cuda120==2.4.0 "
-                        "(see README)") from None
+        from ..runtime.cuda_build import dali_install_hint
+        raise UserError(f"--mode ddp_dali needs NVIDIA DALI: {dali_install_hint()}") from None
 
 
 def resolve_source(source=None) -> str:
