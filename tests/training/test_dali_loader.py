@@ -13,7 +13,7 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)")
 
-from handler.data.augment import MEAN, STD  # noqa: E402
+from handler.data.augment import MEAN, PAD, STD, crop_flip, eval_transform  # noqa: E402
 from handler.train.config import Config  # noqa: E402
 from handler.data.dataset import Splits  # noqa: E402
 from handler.runtime.devices import cuda_status  # noqa: E402
@@ -196,6 +196,70 @@ def test_crop_shifts_span_minus4_to_4_and_half_the_images_flip(tmp_path, source)
         assert shifts[:, axis].min() == -4 and shifts[:, axis].max() == 4
         assert abs(shifts[:, axis].mean()) < 0.5  # standard error ~0.11
     assert abs(flips - n / 2) < 60  # binomial sd ~11
+
+
+def noise_images(n):
+    """Random pixels (no two crops of one image alike), each labelled with its own index."""
+    return np.random.default_rng(7).integers(1, 256, (n, 32, 32, 3), dtype=np.uint8), np.arange(n)
+
+
+def reference(image, top, left, flip):
+    """handler/data/augment.py's crop and flip, normalised as the evaluation transform does."""
+    return eval_transform()(crop_flip(image, top, left, flip))
+
+
+def test_memory_source_crops_and_flips_as_the_reference_does_for_the_same_draws(tmp_path):
+    """Exact: BatchFeed draws each image's window and flip; DALI's crop_mirror_normalize must
+    cut the window crop_flip cuts for those draws."""
+    from types import SimpleNamespace
+    from handler.DALI.pipeline import BatchFeed, CifarPipeline, DALILoader
+    images, labels = noise_images(48)
+    cfg, order = config(tmp_path, local_batch=16), np.random.default_rng(1).permutation(48)
+    pipes = []
+    loader = DALILoader(lambda epoch: pipes.append(CifarPipeline(cfg, images, labels, order, source="memory", train=True))
+                        or pipes[-1], samples=48, batch=16)
+    feed = BatchFeed(images, labels, order, 16, train=True, seed=pipes[0].seed)
+    for i, (out, y) in enumerate(loader):
+        _, fed, pos_x, pos_y, mirror = feed(SimpleNamespace(iteration=i))
+        assert y.tolist() == fed.tolist()
+        tops, lefts = (pos * 2 * PAD for pos in (pos_y, pos_x))
+        assert np.array_equal(tops, np.rint(tops)) and np.array_equal(lefts, np.rint(lefts)), "not whole pixels"
+        tops, lefts = tops.astype(int), lefts.astype(int)
+        expected = torch.stack([reference(images[k], t, l, bool(f)) for k, t, l, f in zip(fed, tops, lefts, mirror)])
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    assert i == 2
+    # The draws themselves: RandomCrop's and RandomHorizontalFlip's distribution (uniform offsets,
+    # p = 0.5), as the file source's test below checks for DALI's own draws.
+    many = BatchFeed(np.zeros((512, 32, 32, 3), np.uint8), np.zeros(512), np.arange(512), 512, train=True, seed=3)
+    _, _, pos_x, pos_y, mirror = many(SimpleNamespace(iteration=0))
+    assert_uniform([*(np.rint(pos * 2 * PAD).astype(int) for pos in (pos_y, pos_x)), mirror])
+
+
+def assert_uniform(draws) -> None:
+    """[tops, lefts, flips] of n images: every offset 0..2*PAD about n/9 times, about n/2 flips."""
+    n = len(draws[0])
+    for drawn in draws[:2]:  # expected n/9 each, sd 5.0 at n = 256: within 4 sd
+        assert drawn.min() >= 0 and drawn.max() <= 2 * PAD
+        counts = np.bincount(drawn, minlength=2 * PAD + 1)
+        assert np.all(np.abs(counts - n / 9) <= 4 * np.sqrt(n * 8 / 81)), counts
+    assert abs(draws[2].sum() - n / 2) <= 5 * np.sqrt(n / 4)
+
+
+def test_file_source_crops_and_flips_are_the_references_drawn_uniformly(tmp_path):
+    """Same distribution: DALI draws inside its graph, so each output must be exactly the
+    reference for one (top, left, flip), and those must spread uniformly."""
+    n = 256
+    images, labels = noise_images(n)
+    loader = get_DALI_loader(config(tmp_path, local_batch=64), splits((images, labels)), source="raw").train
+    draws = []
+    for out, y in loader:
+        for image, k in zip(pixels(out).round().to(torch.uint8).permute(0, 2, 3, 1).numpy(), y.tolist()):
+            matches = [(t, l, f) for t in range(2 * PAD + 1) for l in range(2 * PAD + 1) for f in (False, True)
+                       if np.array_equal(image, crop_flip(images[k], t, l, f))]
+            assert len(matches) == 1, f"image {k}: {len(matches)} reference crops match"
+            draws += matches
+    assert len(draws) == n
+    assert_uniform([np.array(column, dtype=int) for column in zip(*draws)])
 
 
 @pytest.mark.parametrize("source", ["memory", "raw"])
