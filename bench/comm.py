@@ -184,7 +184,7 @@ def main(argv=None) -> dict:
     p.add_argument("--delays", help="comma-separated ms each way on node1's link (default 0,1,5)")
     p.add_argument("--hosts", type=int, help="the host count predicted from the 2-host fit (default 4; 2: none)")
     p.add_argument("--steps", type=int, help="timed steps per hook, cell and round")
-    p.add_argument("--rounds", type=int, help="rounds over the 2-host cells (full 4, --quick 3)")
+    p.add_argument("--rounds", type=int, help="rounds over the 2-host cells (full 4, --quick 2)")
     p.add_argument("--gpu-epoch-s", type=float,
                    help=f"a measured 1-GPU ResNet-18 epoch (45,000 images, batch 256) for the scaling table "
                         f"(default: ASSUMED {ASSUMED_GPU_EPOCH_S:g} s, see docs/COMM.md)")

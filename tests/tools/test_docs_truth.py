@@ -1,7 +1,10 @@
 """The user-facing contracts in docs/ cannot fall behind the code: every option train_cifar.py
-accepts is in docs/CLI.md, and every key a real run writes into its metrics JSON is in
-docs/METRICS.md (config keys may instead be documented as their option in CLI.md)."""
+accepts is in docs/CLI.md, every option of the tools is on its page, and every key a real run
+writes into its metrics JSON is in docs/METRICS.md (config keys may instead be documented as
+their option in CLI.md)."""
 import re
+
+import pytest
 
 from handler.modes import all_modes
 from handler.train.config import build_parser
@@ -21,6 +24,38 @@ def test_every_option_of_the_parser_is_in_the_cli_page():
     assert len(flags) > 30, flags  # the parser was read, not an empty list
     missing = [flag for flag in flags if not mentions(CLI, flag)]
     assert not missing, f"docs/CLI.md does not mention {missing}; add them to its table"
+
+
+def help_flags(show_help, capsys) -> list:
+    """The --flags a tool's own --help lists in its options (its parser, not a list kept here)."""
+    with pytest.raises(SystemExit):
+        show_help()
+    flags = set(re.findall(r"^  (--[a-z][\w-]*)", capsys.readouterr().out, re.M)) - {"--help"}  # the options list
+    assert len(flags) >= 5, flags
+    return sorted(flags)
+
+
+def compare_help():
+    from handler.compare.__main__ import parse_args
+    parse_args(["--help"])
+
+
+def bench_comm_help():
+    from bench.comm import main
+    main(["--help"])
+
+
+def gpu_check_help():
+    from scripts.gpu_check import arguments
+    arguments(["--help"])
+
+
+@pytest.mark.parametrize("show_help, page", [(compare_help, "RESULTS.md"), (bench_comm_help, "COMM.md"),
+                                             (gpu_check_help, "GPU_CHECK.md")])
+def test_every_option_of_a_tool_is_on_its_page(show_help, page, capsys):
+    text = (ROOT / "docs" / page).read_text()
+    missing = [flag for flag in help_flags(show_help, capsys) if not mentions(text, flag)]
+    assert not missing, f"docs/{page} does not mention {missing}"
 
 
 def keys(value, prefix="") -> list:
