@@ -1,5 +1,6 @@
 """The user-facing contracts in docs/ cannot fall behind the code: every option train_cifar.py
-accepts is in docs/CLI.md, every option of the tools is on its page, and every key a real run
+accepts is in docs/CLI.md, every option of the tools is on its page, every HARNESS_*
+variable the code reads is explained, and every key a real run
 writes into its metrics JSON is in docs/METRICS.md (config keys may instead be documented as
 their option in CLI.md)."""
 import re
@@ -56,6 +57,16 @@ def test_every_option_of_a_tool_is_on_its_page(show_help, page, capsys):
     text = (ROOT / "docs" / page).read_text()
     missing = [flag for flag in help_flags(show_help, capsys) if not mentions(text, flag)]
     assert not missing, f"docs/{page} does not mention {missing}"
+
+
+def test_every_harness_environment_variable_the_code_reads_is_in_the_docs():
+    code = [path for folder in ("handler", "bench", "scripts") for path in (ROOT / folder).rglob("*")
+            if path.suffix in (".py", ".sh", ".sbatch")]
+    names = {name for path in [*code, ROOT / "train_cifar.py"] for name in re.findall(r"HARNESS_[A-Z_]+", path.read_text())}
+    assert len(names) >= 5, names
+    docs = "".join(page.read_text() for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    missing = sorted(name for name in names if not mentions(docs, name))
+    assert not missing, f"no page in docs/ explains {missing}"
 
 
 def keys(value, prefix="") -> list:
