@@ -4,6 +4,8 @@ variable the code reads is explained, and every key a real run
 writes into its metrics JSON is in docs/METRICS.md (config keys may instead be documented as
 their option in CLI.md)."""
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,16 @@ def test_every_key_a_real_run_writes_into_its_metrics_is_in_the_metrics_page(two
     assert {"config.comm_hook", "env.notes", "epochs[].phase_s.forward", "test.acc"} <= set(written), written
     missing = [path for path in written if not documented(path)]
     assert not missing, f"docs/METRICS.md does not mention {missing}; describe them there"
+
+
+def test_no_file_points_at_a_design_note_and_no_user_facing_text_cites_an_issue_number():
+    """Contracts live in docs/: a reader can follow every reference (tests may name the issue a
+    regression test comes from; they are not user-facing)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    here = Path(__file__).relative_to(ROOT).as_posix()
+    texts = [name for name in tracked if name != here and name.endswith((".py", ".sh", ".md", ".sbatch", ".txt"))]
+    design = [name for name in texts if re.search(r"DESIGN(\.md|:| §)", (ROOT / name).read_text())]
+    assert not design, f"these cite a DESIGN note that is not in the repository: {design}"
+    user_facing = [name for name in texts if not name.startswith("tests/")]
+    issues = [name for name in user_facing if re.search(r"(?i)\bissues? #?\d+", (ROOT / name).read_text())]
+    assert not issues, f"these cite an issue number a user cannot follow: {issues}"
