@@ -33,6 +33,11 @@ def config(tmp_path, world=1, rank=0, local_batch=8, cutout=0, use_cuda=False):
                   device="cuda:0" if use_cuda else "cpu")
 
 
+def dali_loader(cfg, data, source):
+    """The loaders for one --dali-source."""
+    return get_DALI_loader(cfg, data, source=source)
+
+
 def identity_images(n):
     """Flat images: R,G encode the index, B the label (index % 10, times 20)."""
     ids = np.arange(n)
@@ -250,7 +255,7 @@ def test_file_source_crops_and_flips_are_the_references_drawn_uniformly(tmp_path
     reference for one (top, left, flip), and those must spread uniformly."""
     n = 256
     images, labels = noise_images(n)
-    loader = get_DALI_loader(config(tmp_path, local_batch=64), splits((images, labels)), source="raw").train
+    loader = dali_loader(config(tmp_path, local_batch=64), splits((images, labels)), "raw").train
     draws = []
     for out, y in loader:
         for image, k in zip(pixels(out).round().to(torch.uint8).permute(0, 2, 3, 1).numpy(), y.tolist()):
