@@ -65,7 +65,6 @@ class Config:
     static_graph: bool = False
     grad_as_bucket_view: bool = False
     profile_epochs: str = ""  # "" = the default window (handler/train/capture.py), "all", or "A:B"
-    dataset_fallback: str = ""  # set by prepare_dataset: why --dataset auto ran synthetic data (docs/METRICS.md)
     # Filled per process by the mode's setup.
     use_cuda: bool = False
     world_size: int = 1
@@ -73,6 +72,9 @@ class Config:
     local_rank: int = 0
     device: str = "cpu"
     backend: str = "none"
+    # Set by prepare_dataset (handler/data/dataset.py) where the data is prepared: why
+    # --dataset auto ran synthetic data, "" when it ran what was asked (docs/METRICS.md).
+    dataset_fallback: str = ""
 
     @property
     def local_batch(self) -> int:
