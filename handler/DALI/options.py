@@ -8,6 +8,8 @@ SOURCES = ("memory", "raw", "jpeg")  # handler/DALI/cifar10_loader.py reads each
 
 @dataclass(frozen=True, kw_only=True)
 class DaliOptions(Options):
+    """What the pipelines read. The arrays in memory need no files; raw and jpeg are derived
+    once (handler/DALI/derived.py), so the file readers and nvJPEG can be measured against them."""
     TITLE = "ddp_dali input (docs/DALI.md)"
     REFUSAL = "{flags} pick{s} ddp_dali's input files; use {it} with --mode {owners}, or drop {it} for --mode {mode}"
     # memory is the default: the fastest measured on CPU (docs/DALI.md). The metrics record the source that ran.

@@ -10,6 +10,7 @@ COMM_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")  # DDP's gradient exchang
 
 @dataclass(frozen=True, kw_only=True)
 class CommOptions(Options):
+    """How DDP exchanges gradients: the hook that runs on each bucket, and the buckets themselves."""
     TITLE = "ddp/ddp_dali communication (docs/COMM.md)"
     REFUSAL = "{flags} tune{s} DDP's gradient all-reduce; use --mode {owners}, or drop {it} for --mode {mode}"
     comm_hook: str = option("allreduce", choices=COMM_HOOKS,

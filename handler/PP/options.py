@@ -9,6 +9,9 @@ PP_SCHEDULES = ("gpipe", "1f1b")  # handler/PP/schedule.py
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineOptions(Options):
+    """The pipeline's shape: its schedule, where the model is cut into stages, and how many
+    micro-batches flow through it. The bubble (W-1)/(M+W-1) depends on M, the balance on the cut
+    (docs/MODES.md#pipeline-parallelism-pp)."""
     TITLE = "pp pipeline (docs/MODES.md)"
     REFUSAL = "{flags} shape{s} the pipeline of --mode {owners}; use --mode {owners}, or drop {it} for --mode {mode}"
     pp_schedule: str = option("1f1b", choices=PP_SCHEDULES,

@@ -63,7 +63,7 @@ class DataOptions(Options):
 @dataclass(frozen=True, kw_only=True)
 class OptimOptions(Options):
     TITLE = "optimisation"
-    model: str = option("resnet18", help="resnet18 (default) or resnet20, see models/")
+    model: str = option("resnet18", help="resnet18 (default), resnet20 or fastnet, see models/")
     epochs: int = option(30)
     stop_after: int = option(0, metavar="N",
                              help="end this run after N more epochs, keeping the --epochs schedule "
