@@ -8,7 +8,7 @@ own declares its section, reads it with `Section.of(cfg)`, and checks it (its Mo
 import argparse
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Type, TypeVar
 
 from ..runtime.errors import UserError, need
@@ -94,6 +94,8 @@ SHARED_SECTIONS = (RunOptions, DataOptions, OptimOptions, ProfilingOptions)
 
 @dataclass(frozen=True, kw_only=True)
 class Config(RunOptions, DataOptions, OptimOptions, ProfilingOptions):
+    """One run: the shared sections' options (read flat), what parse_config resolves, what each
+    process fills in, and the mode packages' sections (read with `Section.of(cfg)`)."""
     # Resolved once by parse_config, from the machine, the launcher and the mode:
     use_cuda: bool = False
     world_size: int = 1
@@ -104,7 +106,7 @@ class Config(RunOptions, DataOptions, OptimOptions, ProfilingOptions):
     device: str = "cpu"
     backend: str = "none"
     # The mode packages' own sections (Mode.options), every mode's, so the metrics hold them all.
-    sections: tuple = field(default=(), repr=False)
+    sections: tuple = ()
 
     @property
     def local_batch(self) -> int:
