@@ -114,23 +114,22 @@ def test_auto_falls_back_to_synthetic_loudly_and_never_writes_into_the_real_fold
     assert read_cifar(cfg.dataset_dir).train_x.shape[0] == 50
 
 
-def test_a_run_whose_auto_dataset_fell_back_to_synthetic_says_so_in_its_metrics(tmp_path):
+def test_a_run_whose_auto_dataset_fell_back_to_synthetic_says_so_in_its_metrics(tmp_path, two_epoch_run):
     """env.dataset alone reads the same for an asked-for synthetic set (docs/METRICS.md)."""
     tiny = ["--mode", "dp", "--num_gpu", "1", "--epochs", "1", "--model", "resnet20", "--batch-size", "32",
             "--synthetic-train", "64", "--synthetic-test", "32", "--valid-size", "0", "--workers", "0",
-            "--no-progress", "--save", "none"]
+            "--no-progress", "--save", "none", "--dataset", "auto", "--data", tmp_path / "data",
+            "--ckpt", tmp_path / "ckpt", "--metrics", tmp_path / "metrics.json"]
     dead = {"CIFAR10_URL": "http://127.0.0.1:9/cifar-10-python.tar.gz"}  # nothing listens
-    env = {}
-    for dataset in ("auto", "synthetic"):
-        metrics = tmp_path / f"{dataset}.json"
-        run = run_cli([*tiny, "--dataset", dataset, "--data", tmp_path / "data", "--ckpt", tmp_path / dataset,
-                       "--metrics", metrics], env=dead, budget=15)
-        assert run.returncode == 0, run.stderr[-2000:]
-        env[dataset] = read_metrics(metrics)["env"]
-    assert env["auto"]["dataset"] == env["synthetic"]["dataset"] == "synthetic"
-    assert "could not be downloaded" not in str(env["synthetic"]) and env["synthetic"]["dataset_fallback"] is None
-    assert "Connection refused" in env["auto"]["dataset_fallback"]  # the reason: the download that failed
-    assert any(note.startswith("--dataset auto ran SYNTHETIC data: ") for note in env["auto"]["notes"])
+    run = run_cli(tiny, env=dead, budget=15)
+    assert run.returncode == 0, run.stderr[-2000:]
+    fell_back = read_metrics(tmp_path / "metrics.json")["env"]
+    _, folder = two_epoch_run("dp")  # --dataset synthetic: asked for
+    asked = read_metrics(folder / "metrics.json")["env"]
+    assert fell_back["dataset"] == asked["dataset"] == "synthetic"
+    assert asked["dataset_fallback"] is None and not any("SYNTHETIC" in note for note in asked["notes"])
+    assert "Connection refused" in fell_back["dataset_fallback"]  # the reason: the download that failed
+    assert any(note.startswith("--dataset auto ran SYNTHETIC data: ") for note in fell_back["notes"])
 
 
 def test_cifar10_offline_without_data_is_a_clear_error(tmp_path, monkeypatch):
