@@ -28,8 +28,8 @@ class PhaseTimer:
 
     def __init__(self, device: torch.device):
         self._cuda = device.type == "cuda"
-        self._host = dict.fromkeys(LOOP_PHASES, 0.0)  # wall seconds per phase
-        self._device = dict.fromkeys(LOOP_PHASES, 0.0)  # CUDA only: seconds from the events
+        self._host: dict[str, float] = dict.fromkeys(LOOP_PHASES, 0.0)  # wall seconds per phase
+        self._device: dict[str, float] = dict.fromkeys(LOOP_PHASES, 0.0)  # CUDA only: seconds from the events
         self._events = []  # CUDA only: (phase, start event, end event), read in seconds()
 
     def __call__(self, phase: str):

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -123,16 +122,6 @@ class Recorder:
         self.marks.append(text)
 
 
-class _Bar:
-    def update(self, n):
-        pass
-
-
-class _NoStop:
-    def should_stop(self):
-        return False
-
-
 def test_the_report_reads_every_range_one_epoch_of_the_loop_opens(monkeypatch):
     """The training side's ranges, recorded from the real loop, go through the real analysis:
     it finds the epoch, every batch and every phase, and the copy nested in `data` counts
@@ -141,7 +130,8 @@ def test_the_report_reads_every_range_one_epoch_of_the_loop_opens(monkeypatch):
     from handler.profiling.analysis import summarize
     from handler.profiling.trace import Process, Range, Trace
     from handler.train.divergence import DivergenceGuard
-    from handler.train.loop import Step, train_epoch
+    from bench.common import make_step
+    from handler.train.loop import train_epoch
     recorder = Recorder()
     monkeypatch.setattr(nvtx, "ACTIVE", True)
     monkeypatch.setattr(nvtx, "_nvtx", recorder, raising=False)
@@ -149,12 +139,10 @@ def test_the_report_reads_every_range_one_epoch_of_the_loop_opens(monkeypatch):
     loader = DeviceLoader(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, labels), batch_size=4),
                           torch.device("cpu"))
     loader.copies = True  # the copy to the device runs as on a GPU (to the CPU here), inside its h2d range
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3072, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    step = Step(model=model, optimizer=optimizer, scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
-                scaler=torch.amp.GradScaler("cpu", enabled=False), autocast=nullcontext)
-    result = train_epoch(step, loader, 0, torch.device("cpu"), _Bar(), stop=_NoStop(),
-                         guard=DivergenceGuard(torch.device("cpu"), 1))
+    step = make_step(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3072, 10)), len(loader))
+    bar = type("Bar", (), {"update": lambda self, n: None})()
+    stop = type("Stop", (), {"should_stop": lambda self: False})()
+    result = train_epoch(step, loader, 0, torch.device("cpu"), bar, stop=stop, guard=DivergenceGuard(torch.device("cpu"), 1))
 
     ranges = tuple(Range(name, start, end, tid) for name, start, end, tid in recorder.ranges)
     summary = summarize(Trace((Process(pid=1, rank=0, ranges=ranges),), "nvtx mark", None))
