@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.common import ROOT, check_target, context, emit, parser, table
 from bench.comm_model import check, fit, predict_hosts, ring_messages, scaling
-from handler.train.config import COMM_HOOKS
+from handler.DDP.options import COMM_HOOKS
 from handler.runtime.errors import UserError, one_line_errors
 
 CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "cluster.sh")

@@ -3,7 +3,7 @@ from functools import partial
 
 from ..train.mode import Mode
 from .model import SYNC_BN_NOTE
-from .options import check_comm
+from .options import CommOptions, check_comm
 
 
 def launch(strategy_for):
@@ -27,4 +27,4 @@ def strategy(cfg, make_loaders=None):
                     notes=(SYNC_BN_NOTE,) if cfg.sync_bn and cfg.use_cuda else ())
 
 
-MODE = Mode(run=launch(strategy), check=check_comm, sync_bn=True, comm_hooks=True)
+MODE = Mode(run=launch(strategy), options=(CommOptions,), check=check_comm, sync_bn=True)
