@@ -3,7 +3,7 @@
 The training side opens these ranges (through handler/runtime/nvtx.py and phases.py) and
 handler/profiling/ reads them back from the report, both from the constants below, so a
 rename reaches both sides at once; tests/training/test_names.py checks that no other module
-spells a name. `grep -rn "runtime.names import" handler bench` lists every module that
+spells a name. `grep -rn "names import" handler bench` lists every module that
 opens or reads one. The names themselves are a contract: old reports and scripts use them.
 """
 import re

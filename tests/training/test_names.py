@@ -218,3 +218,11 @@ def test_ranges_are_on_exactly_when_a_profiler_is_attached(variable):
 def test_nsys_captures_the_range_the_trainer_opens():
     """scripts/nsys_options.sh is bash and cannot import the name; it must spell the same one."""
     assert f"--nvtx-capture={names.CAPTURE}" in (ROOT / "scripts" / "nsys_options.sh").read_text()
+
+
+def test_only_the_nvtx_module_calls_torch_s_nvtx():
+    """Every range opens through handler/runtime/nvtx.py, so its one switch (a profiler attached,
+    the capture window still open) holds for all of them; the bench that times a range sets it."""
+    callers = {str(p.relative_to(ROOT)) for p in product_files() if "cuda import nvtx" in p.read_text()
+               or "torch.cuda.nvtx" in p.read_text()}
+    assert callers == {"handler/runtime/nvtx.py", "bench/nvtx_overhead.py"}
