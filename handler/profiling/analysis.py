@@ -109,17 +109,18 @@ def _phase_ranges(ranges: tuple[Range, ...], batches: list[Range]) -> dict:
 
 
 def _own_seconds(found: dict) -> dict:
-    """name -> seconds in its ranges less the phase ranges nested in them (on the same thread)."""
-    own = dict.fromkeys(found, 0)
+    """name -> seconds in its ranges less the phase ranges nested in them (on the same thread).
+    Without nesting (reports from before the loader's copy nested in `data`) the sums are the
+    plain ones, to the last bit."""
+    own = {name: sum(r.seconds for r in rs) for name, rs in found.items()}
     by_thread: dict[int, list[Range]] = {}
     for r in sorted((r for rs in found.values() for r in rs), key=lambda r: (r.start, -r.end)):
         by_thread.setdefault(r.tid, []).append(r)
     for ranges in by_thread.values():
         for r, parent in zip(ranges, nesting_parents(ranges)):
-            own[r.name] += r.end - r.start
             if parent >= 0:
-                own[ranges[parent].name] -= r.end - r.start
-    return {name: ns / 1e9 for name, ns in own.items()}
+                own[ranges[parent].name] -= r.seconds
+    return own
 
 
 def _first_comm(process: Process, gpu) -> dict:
