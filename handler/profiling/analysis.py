@@ -112,7 +112,7 @@ def _own_seconds(found: dict) -> dict:
     """name -> seconds in its ranges less the phase ranges nested in them (on the same thread).
     Without nesting (reports from before the loader's copy nested in `data`) the sums are the
     plain ones, to the last bit."""
-    own = {name: sum(r.seconds for r in rs) for name, rs in found.items()}
+    own: dict[str, float] = {name: sum(r.seconds for r in rs) for name, rs in found.items()}
     by_thread: dict[int, list[Range]] = {}
     for r in sorted((r for rs in found.values() for r in rs), key=lambda r: (r.start, -r.end)):
         by_thread.setdefault(r.tid, []).append(r)
