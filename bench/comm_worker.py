@@ -27,6 +27,7 @@ from handler.DDP.utils import destroy_process, initialize_group
 from handler.profiling.comm import comm_stats
 from handler.profiling.stats import intersect, length, merge
 from handler.profiling.trace import Range
+from handler.runtime.names import BACKWARD, BATCH
 from models import build_model
 
 IFNAME = "eth0"  # every host's interface (scripts/cluster.sh)
@@ -72,8 +73,8 @@ def timed_step(ddp, optimizer, images, labels, recorder) -> dict:
     optimizer.zero_grad(set_to_none=True)
     end = time.perf_counter_ns()
     buckets = recorder.take()
-    ranges = [Range("backward", backward_start, backward_end), *buckets]
-    stats = comm_stats(ranges, [Range("batch 0", start, end)], None)
+    ranges = [Range(BACKWARD, backward_start, backward_end), *buckets]
+    stats = comm_stats(ranges, [Range(BATCH(0), start, end)], None)
     assert stats is not None, "the recorder saw the buckets' allreduce ranges"
     launches = sorted(b.start for b in buckets)
     # What comm can hide behind: backward compute between the first and the last bucket launch.

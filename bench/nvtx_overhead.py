@@ -3,7 +3,8 @@
 1. No profiler: the cost of one `with nvtx_range(...)` when ranges are off (the default
    without a profiler: one shared nullcontext) and when forced on (HARNESS_NVTX=1: real
    range_push/pop into libnvToolsExt with nothing listening), as ns per range and as a
-   share of one measured training step (each step opens 6 ranges).
+   share of one measured training step (each step opens 6 ranges); and the same for one
+   `with phase(...)` of the loop (handler/runtime/phases.py: the range and the CPU clock).
 2. Under nsys: the same small ddp run (1 process) with and without `nsys profile`
    (scripts/nsys_options.sh), alternating, compared on the run's own epoch times
    (skipped with --quick, which only smoke-tests part 1).
@@ -23,19 +24,26 @@ from typing import Any, Dict
 from bench.common import ROOT, alternate, context, emit, fixed_batches, make_step, parser, ratio, table
 
 RANGES_PER_STEP = 6  # batch, data, forward, backward, optimizer, + h2d on GPU or epoch share
+PHASES_PER_STEP = 4  # data, forward, backward, optimizer: ranges that are timed too
 
 
-def per_range_ns(active: bool, n: int) -> float:
+def per_range_ns(active: bool, n: int, timed: bool = False) -> float:
+    """ns per `with nvtx_range(FORWARD)`, or per `with phase(FORWARD)` when timed."""
+    import torch
+
     import handler.runtime.nvtx as nvtx
+    from handler.runtime.names import FORWARD
+    from handler.runtime.phases import PhaseTimer
     saved = nvtx.ACTIVE
     nvtx.ACTIVE = active
     if active:
         from torch.cuda import nvtx as torch_nvtx
         nvtx._nvtx = torch_nvtx
+    opener = PhaseTimer(torch.device("cpu")) if timed else nvtx.nvtx_range
     try:
         start = time.perf_counter()
         for _ in range(n):
-            with nvtx.nvtx_range("forward"):
+            with opener(FORWARD):
                 pass
         return (time.perf_counter() - start) / n * 1e9
     finally:
@@ -89,12 +97,16 @@ def main():
     started = context("nvtx_overhead")
     n = 20_000 if args.quick else 500_000
     off, on = per_range_ns(False, n), per_range_ns(True, n)
+    phase_off, phase_on = per_range_ns(False, n, timed=True), per_range_ns(True, n, timed=True)
     step_s = step_seconds(3 if args.quick else 20, 128)
     results: Dict[str, Any] = {"range_ns_off": off, "range_ns_on": on, "step_s_resnet20_b128": step_s,
                "share_of_step_off": RANGES_PER_STEP * off * 1e-9 / step_s,
-               "share_of_step_on": RANGES_PER_STEP * on * 1e-9 / step_s}
+               "share_of_step_on": RANGES_PER_STEP * on * 1e-9 / step_s,
+               "phase_ns_off": phase_off, "phase_ns_on": phase_on}
     rows = [["range off (no profiler)", off, 100 * results["share_of_step_off"]],
-            ["range forced on, no profiler", on, 100 * results["share_of_step_on"]]]
+            ["range forced on, no profiler", on, 100 * results["share_of_step_on"]],
+            ["phase (range + clock), range off", phase_off, 100 * PHASES_PER_STEP * phase_off * 1e-9 / step_s],
+            ["phase (range + clock), range on", phase_on, 100 * PHASES_PER_STEP * phase_on * 1e-9 / step_s]]
     if shutil.which("nsys") and not args.quick:
         text_nsys = under_nsys(args, rounds, results)
     else:

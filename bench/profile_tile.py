@@ -11,10 +11,12 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+from handler.runtime.names import BACKWARD, BATCH, DATA, EPOCH, FORWARD, H2D, OPTIMIZER, RANK
+
 TILED = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
          "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 # Each batch: these phases one after another, as fractions of the batch; the last 5 % is "other".
-PHASE_SPLIT = (("data", 0.10), ("h2d", 0.05), ("forward", 0.30), ("backward", 0.40), ("optimizer", 0.10))
+PHASE_SPLIT = ((DATA, 0.10), (H2D, 0.05), (FORWARD, 0.30), (BACKWARD, 0.40), (OPTIMIZER, 0.10))
 GAP_NS = 1000
 PID = "(globalTid >> 24) & 16777215"
 
@@ -67,13 +69,13 @@ def _training_ranges(threads: list[int], start: int, end: int, epochs: int, batc
     epoch_ns = (end - start) // epochs
     batch_ns = epoch_ns // batches
     for rank, tid in enumerate(threads):
-        yield start - 500, None, 34, f"rank {rank}", tid
+        yield start - 500, None, 34, RANK(rank), tid
         for e in range(epochs):
             e0 = start + e * epoch_ns
-            yield e0, e0 + batch_ns * batches, 59, f"epoch {e}", tid
+            yield e0, e0 + batch_ns * batches, 59, EPOCH(e), tid
             for b in range(batches):
                 b0 = e0 + b * batch_ns
-                yield b0, b0 + batch_ns, 59, f"batch {b}", tid
+                yield b0, b0 + batch_ns, 59, BATCH(b), tid
                 at = b0
                 for name, fraction in PHASE_SPLIT:
                     length = int(batch_ns * fraction)

@@ -28,7 +28,7 @@ NSYS_PROFILE_OPTS=(
 )
 
 # The capture window (docs/PROFILING.md, "Capture window"): nsys records only while the NVTX
-# range handler/runtime/nvtx.py's CAPTURE_RANGE is open; the trainer opens it before the first
+# range handler/runtime/names.py's CAPTURE is open; the trainer opens it before the first
 # captured epoch and closes it after the last (--profile-epochs). For train_cifar.py runs only:
 # a program that never opens the range leaves no report. Same flags from nsys 2022.4 (checked
 # here) to 2025.x. NSYS_NVTX_PROFILER_REGISTER_ONLY=0: nsys otherwise matches only registered

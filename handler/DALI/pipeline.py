@@ -19,7 +19,6 @@ from nvidia.dali.plugin.base_iterator import LastBatchPolicy
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from ..data.augment import MEAN, PAD, STD
-from ..runtime.nvtx import nvtx_range
 
 SIZE = 32
 READER = "Reader"
@@ -188,11 +187,10 @@ class DALILoader:
         self.used = True
         assert self.iterator is not None, "_start built it"
         batches = iter(self.iterator)
-        for handed in range(1, self.batches + 1):
-            with nvtx_range("data"):
-                batch = _next_real(batches)
-                if handed == self.batches:
-                    _finish_pass(batches)
+        for handed in range(1, self.batches + 1):  # each inside the loop's `data` phase
+            batch = _next_real(batches)
+            if handed == self.batches:
+                _finish_pass(batches)
             if batch is None:
                 return
             yield batch

@@ -19,6 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce
                                                                        fp16_compress_hook)
 
 from handler.runtime import nvtx
+from handler.runtime.names import ALLREDUCE
 from handler.runtime.errors import UserError
 
 from .options import CommOptions
@@ -30,25 +31,16 @@ CASTS = {"fp16": (fp16_compress_hook, torch.float16), "bf16": (bf16_compress_hoo
 
 
 class NvtxRanges:
-    """`allreduce b{k}` as nsys sees it."""
-
-    @staticmethod
-    def start(name: str):
-        """None once the profile's capture window has closed (handler/runtime/nvtx.py stop_ranges)."""
-        from torch.cuda import nvtx as cuda_nvtx
-        return cuda_nvtx.range_start(name) if nvtx.ACTIVE else None
-
-    @staticmethod
-    def end(handle) -> None:
-        from torch.cuda import nvtx as cuda_nvtx
-        if handle is not None:
-            cuda_nvtx.range_end(handle)
+    """`allreduce b{k}` as nsys sees it; start is None once the profile's capture window has
+    closed (handler/runtime/nvtx.py stop_ranges)."""
+    start = staticmethod(nvtx.range_start)
+    end = staticmethod(nvtx.range_end)
 
 
 def in_ranges(hook, ranges):
     """hook(state, bucket) with the bucket's exchange, compression included, inside a range."""
     def ranged_hook(state, bucket):
-        handle = ranges.start(f"allreduce b{bucket.index()}")
+        handle = ranges.start(ALLREDUCE(bucket.index()))
 
         def finished(future):
             ranges.end(handle)

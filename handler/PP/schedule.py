@@ -1,9 +1,10 @@
 """This process's pipeline stage and its schedule (GPipe or 1F1B), with NVTX ranges.
 
 torch.distributed.pipelining moves the activations and gradients; `TracedStage` only
-marks, per micro-batch j, `fwd mb{j}` and `bwd mb{j}`, and `send` / `recv` from the
-moment the stage hands the schedule its communication until its next piece of work,
-which is where it waits for a neighbour (docs/PROFILING.md).
+marks, per micro-batch j, `fwd mb{j}` and `bwd mb{j}` inside the loop's `forward` and
+`backward` phases, and `send` / `recv` from the moment the stage hands the schedule its
+communication until its next piece of work, which is where it waits for a neighbour
+(docs/PROFILING.md; names from handler/runtime/names.py).
 """
 import inspect
 import sys
@@ -17,8 +18,9 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from ..runtime.errors import UserError
-from ..runtime.nvtx import nvtx_range
-from ..runtime.phases import no_timer
+from ..runtime import nvtx
+from ..runtime.names import BACKWARD, BWD_MB, FORWARD, FWD_MB, RECV, SEND, Numbered
+from ..runtime.phases import Phase, untimed
 from .split import plan_split, stage_units
 from .stages import StageModule, boundary_shapes, prune
 
@@ -39,52 +41,49 @@ def require_pipelining() -> None:
 
 if PipelineStage is not None:
     class TracedStage(PipelineStage):
-        """A PipelineStage that times and names its work; `timer` is set per step."""
+        """A PipelineStage that times and names its work; `phase` is set per step."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.timer = no_timer
+            self.phase: Phase = untimed
             self.busy_s = 0.0  # compute seconds, read by bench/pp.py
-            self._waiting = None
+            self._waiting = False  # a send/recv range is open
 
         def waiting(self, name=None):
             """Close the open send/recv range; open `name` when given."""
-            if self._waiting is not None:
-                self._waiting.__exit__(None, None, None)
-                self._waiting = None
-            if name is not None:
-                self._waiting = nvtx_range(name)
-                self._waiting.__enter__()
+            if self._waiting:
+                nvtx.pop()
+            self._waiting = name is not None and nvtx.push(name)
 
-        def _traced(self, kind, phase, method, chunk, *args, **kwargs):
+        def _traced(self, work: Numbered, phase: str, method, chunk, *args, **kwargs):
             self.waiting()
             start = time.perf_counter()
-            with nvtx_range(phase), self.timer(phase), nvtx_range(f"{kind} mb{chunk}"):
+            with self.phase(phase), nvtx.nvtx_range(work(chunk)):
                 out = method(chunk, *args, **kwargs)
             self.busy_s += time.perf_counter() - start
             return out
 
         def forward_one_chunk(self, chunk, *args, **kwargs):
-            return self._traced("fwd", "forward", super().forward_one_chunk, chunk, *args, **kwargs)
+            return self._traced(FWD_MB, FORWARD, super().forward_one_chunk, chunk, *args, **kwargs)
 
         def backward_one_chunk(self, chunk, *args, **kwargs):
-            return self._traced("bwd", "backward", super().backward_one_chunk, chunk, *args, **kwargs)
+            return self._traced(BWD_MB, BACKWARD, super().backward_one_chunk, chunk, *args, **kwargs)
 
         def _ops(self, name, ops):
             self.waiting(name if ops else None)
             return ops
 
         def get_fwd_recv_ops(self, chunk):
-            return self._ops("recv", super().get_fwd_recv_ops(chunk))
+            return self._ops(RECV, super().get_fwd_recv_ops(chunk))
 
         def get_bwd_recv_ops(self, chunk):
-            return self._ops("recv", super().get_bwd_recv_ops(chunk))
+            return self._ops(RECV, super().get_bwd_recv_ops(chunk))
 
         def get_fwd_send_ops(self, chunk):
-            return self._ops("send", super().get_fwd_send_ops(chunk))
+            return self._ops(SEND, super().get_fwd_send_ops(chunk))
 
         def get_bwd_send_ops(self, chunk):
-            return self._ops("send", super().get_bwd_send_ops(chunk))
+            return self._ops(SEND, super().get_bwd_send_ops(chunk))
 
 
 def _unscaled() -> dict:
@@ -131,10 +130,10 @@ class Pipeline:
     def eval(self):
         return self.train(False)
 
-    def train_step(self, images, labels, timer=no_timer) -> torch.Tensor:
+    def train_step(self, images, labels, phase: Phase = untimed) -> torch.Tensor:
         """Forward and backward of every micro-batch; returns (loss * n, correct) on the
         last stage and zeros elsewhere (the loop sums them over ranks)."""
-        self.stage.timer = timer
+        self.stage.phase = phase
         losses = []
         args = (images,) if self.first else ()
         kwargs = {"target": labels, "losses": losses} if self.last else {}

@@ -9,16 +9,17 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from ..train.loop import _summarise, update
+from ..train.loop import _summarise, in_data_ranges, update
+from ..runtime.names import RECV, SEND
 from ..runtime.nvtx import nvtx_range
-from ..runtime.phases import no_timer
+from ..runtime.phases import Phase, untimed
 
 
-def pipeline_step(step, images, labels, timer=no_timer) -> torch.Tensor:
+def pipeline_step(step, images, labels, phase: Phase = untimed) -> torch.Tensor:
     """One optimisation step: the schedule runs forward and backward of all micro-batches,
     then each stage updates its own parameters (no gradient crosses stages)."""
-    sums = step.model.train_step(images, labels, timer)
-    update(step, timer)
+    sums = step.model.train_step(images, labels, phase)
+    update(step, phase)
     return sums
 
 
@@ -31,18 +32,18 @@ def evaluate_pipeline(pipe, loader, name: str, device: torch.device, **_) -> dic
     totals = torch.zeros(2, device=device, dtype=torch.float64)
     samples = 0
     with nvtx_range(name):
-        for images, labels in loader:
+        for images, labels in in_data_ranges(loader):
             if pipe.first:
                 x = images
             else:
                 n = torch.zeros(1, dtype=torch.int64, device=device)
-                with nvtx_range("recv"):
+                with nvtx_range(RECV):
                     tdist.recv(n, src=pipe.index - 1)
                     x = torch.empty((int(n.item()), *pipe.in_shape), dtype=pipe.wire_dtype, device=device)
                     tdist.recv(x, src=pipe.index - 1)
             out = pipe.module(x)
             if not pipe.last:
-                with nvtx_range("send"):
+                with nvtx_range(SEND):
                     tdist.send(torch.tensor([out.shape[0]], dtype=torch.int64, device=device), dst=pipe.index + 1)
                     tdist.send(out.contiguous(), dst=pipe.index + 1)
                 continue

@@ -7,11 +7,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..runtime.names import BACKWARD, DATA, DATA_GPU, FORWARD, H2D, OPTIMIZER  # noqa: E402
 from .results import SHARES  # noqa: E402
 
 DPI = 110
-PHASE_COLOURS = {"data": "#d62728", "h2d": "#ff7f0e", "forward": "#1f77b4", "backward": "#2ca02c",
-                 "optimizer": "#9467bd", "data_gpu": "#8c564b", "other": "#c7c7c7"}
+PHASE_COLOURS = {DATA: "#d62728", H2D: "#ff7f0e", FORWARD: "#1f77b4", BACKWARD: "#2ca02c",
+                 OPTIMIZER: "#9467bd", DATA_GPU: "#8c564b", "other": "#c7c7c7"}
 
 
 def write_plots(rows, out: Path, comm_bench: Optional[dict] = None) -> dict:

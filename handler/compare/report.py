@@ -2,11 +2,12 @@
 import json
 from pathlib import Path
 
+from ..runtime.names import BACKWARD, DATA_GPU, FORWARD, OPTIMIZER
 from .provenance import markdown as provenance_lines
 from .results import SHARES
 
 NA = "—"
-SHORT = {"data": "data", "h2d": "h2d", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "data_gpu": "data (GPU)", "other": "other"}
+SHORT = {FORWARD: "fwd", BACKWARD: "bwd", OPTIMIZER: "opt", DATA_GPU: "data (GPU)"}  # the rest as named
 
 
 def num(value, fmt: str) -> str:
@@ -24,7 +25,7 @@ def status(row) -> str:
 def phases(row) -> str:
     if not row.phases:
         return NA
-    shares = " · ".join(f"{SHORT[p]} {100 * row.phases[p]:.0f}%" for p in SHARES if row.phases[p] >= 0.005)
+    shares = " · ".join(f"{SHORT.get(p, p)} {100 * row.phases[p]:.0f}%" for p in SHARES if row.phases[p] >= 0.005)
     return shares if row.phase_source == "nsys" else f"{shares} ({row.phase_source})"
 
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Optional
 
-from ..profiling.analysis import GPU_PHASES, PHASES
+from ..profiling.analysis import GPU_PHASES
+from ..runtime.names import DATA, PHASES
 
 SHARES = (*GPU_PHASES, "other")  # data_gpu: the input pipeline's own GPU work (DALI, nvJPEG)
 
@@ -78,7 +79,7 @@ def nsys_shares(summary: Optional[dict]) -> tuple:
     overall = summary["overall"]
     if overall.get("gpu_phase_shares"):
         shares = {p: overall["gpu_phase_shares"].get(p) or 0.0 for p in GPU_PHASES}
-        shares["data"] = overall.get("gpu_data_stall_share") or 0.0
+        shares[DATA] = overall.get("gpu_data_stall_share") or 0.0
         source = "nsys GPU time"
     else:
         shares, source = {p: overall["phase_shares"].get(p) or 0.0 for p in PHASES}, "nsys"

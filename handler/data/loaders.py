@@ -2,8 +2,9 @@
 
 A loader is an iterable of `(images, labels)` already on the run's device (float32
 NCHW, int64 [B]), with `__len__` (batches this rank yields per pass) and
-`set_epoch(e)`, called before every pass. The `data` NVTX range covers waiting for
-the next batch; `h2d` covers the copy to the GPU when there is one.
+`set_epoch(e)`, called before every pass. The loop's `data` phase covers waiting for
+the next batch (handler/train/loop.py); the `h2d` range inside it covers the copy to the
+GPU when there is one.
 """
 from typing import Iterator, NamedTuple, Optional, Protocol, Tuple
 
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from ..runtime.names import H2D
 from ..runtime.nvtx import nvtx_range
 
 
@@ -77,14 +79,11 @@ class DeviceLoader:
             set_epoch(epoch)
 
     def __iter__(self):
-        batches = None
+        batches = iter(self.loader)  # starts the workers: inside the loop's first wait for data
         for _ in range(len(self.loader)):
-            with nvtx_range("data"):
-                if batches is None:  # starting the workers is waiting for data too
-                    batches = iter(self.loader)
-                images, labels = next(batches)
+            images, labels = next(batches)
             if self.copies:
-                with nvtx_range("h2d"):  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
+                with nvtx_range(H2D):  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
                     images = images.to(self.device, non_blocking=True)
                     labels = labels.to(self.device, non_blocking=True)
             yield images, labels

@@ -2,21 +2,21 @@
 
 A phase counts only inside a `batch` range, so evaluation's forward passes, say, never
 inflate training shares. Shares are of summed batch time; what no phase covers is "other".
+A phase's time is its own: the loop's `data` holds the loader's `h2d`, which counts as `h2d`
+only. Every name comes from handler/runtime/names.py, as the training side's do.
 """
 import bisect
-import re
+
+from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHASES
 
 from .bubble import pipeline_stats
 from .comm import comm_stats, first_comm_starts, stragglers
 from .gpu_metrics import device_map, summarize_metrics
-from .gpu_view import DATA_GPU, gpu_stats, pipeline_threads
-from .stats import percentile as _percentile
-from .trace import EPOCH, Process, Range, Trace
+from .gpu_view import gpu_stats, pipeline_threads
+from .stats import nesting_parents, percentile as _percentile
+from .trace import Process, Range, Trace
 
-PHASES = ("data", "h2d", "forward", "backward", "optimizer")
 GPU_PHASES = (*PHASES, DATA_GPU)  # the GPU view adds the input pipeline's own GPU work
-OUTSIDE_TRAINING = ("validate", "test", "checkpoint")
-BATCH = re.compile(r"batch \d+")
 
 
 def summarize(trace: Trace, metrics: dict | None = None) -> dict:
@@ -52,11 +52,12 @@ def comm_config(metrics: dict | None) -> dict | None:
 
 def _rank(process: Process, trace: Trace) -> dict:
     gpu, metrics = trace.gpu, trace.metrics
-    epochs = sorted((int(m.group(1)), r) for r in process.ranges if (m := EPOCH.fullmatch(r.name)))
-    batches = sorted((r for r in process.ranges if BATCH.fullmatch(r.name)), key=lambda r: r.start)
+    epochs = sorted((int(m.group(1)), r) for r in process.ranges if (m := EPOCH.match(r.name)))
+    batches = sorted((r for r in process.ranges if BATCH.match(r.name)), key=lambda r: r.start)
     batch_total = sum(b.seconds for b in batches)
     phase_ranges = _phase_ranges(process.ranges, batches)
-    phase_time = {name: (len(rs), sum(r.seconds for r in rs)) for name, rs in phase_ranges.items()}
+    own = _own_seconds(phase_ranges)
+    phase_time = {name: (len(rs), own[name]) for name, rs in phase_ranges.items()}
     activity = gpu.of_pid(process.pid) if gpu is not None else None
     gpu_view = gpu_stats(activity, [r for rs in phase_ranges.values() for r in rs], PHASES,
                          [r for _, r in epochs], batches[0].tid if batches else None, batches,
@@ -107,16 +108,31 @@ def _phase_ranges(ranges: tuple[Range, ...], batches: list[Range]) -> dict:
     return found
 
 
+def _own_seconds(found: dict) -> dict:
+    """name -> seconds in its ranges less the phase ranges nested in them (on the same thread).
+    Without nesting (reports from before the loader's copy nested in `data`) the sums are the
+    plain ones, to the last bit."""
+    own: dict[str, float] = {name: sum(r.seconds for r in rs) for name, rs in found.items()}
+    by_thread: dict[int, list[Range]] = {}
+    for r in sorted((r for rs in found.values() for r in rs), key=lambda r: (r.start, -r.end)):
+        by_thread.setdefault(r.tid, []).append(r)
+    for ranges in by_thread.values():
+        for r, parent in zip(ranges, nesting_parents(ranges)):
+            if parent >= 0:
+                own[ranges[parent].name] -= r.seconds
+    return own
+
+
 def _first_comm(process: Process, gpu) -> dict:
     """Steps are named by (epoch number, batch name), so ranks are compared batch by batch."""
-    epochs = sorted((r for r in process.ranges if EPOCH.fullmatch(r.name)), key=lambda r: r.start)
+    epochs = sorted((r for r in process.ranges if EPOCH.match(r.name)), key=lambda r: r.start)
     starts = [e.start for e in epochs]
     keyed = []
     for b in process.ranges:
-        if BATCH.fullmatch(b.name):
+        if BATCH.match(b.name):
             i = bisect.bisect_right(starts, b.start) - 1
             if i >= 0 and b.end <= epochs[i].end:
-                epoch = EPOCH.fullmatch(epochs[i].name)
+                epoch = EPOCH.match(epochs[i].name)
                 assert epoch, "epochs holds only epoch ranges"
                 keyed.append(((epoch.group(1), b.name), b))
     activity = gpu.of_pid(process.pid) if gpu is not None else None

@@ -15,18 +15,16 @@ the first to the last to finish; busy is the union of the non-NCCL work launched
 overlapped by it. The CPU numbers stay beside them under `cpu_ranges`.
 """
 import bisect
-import re
 
 import numpy as np
+
+from handler.runtime.names import BATCH, PP_WAIT as WAIT, PP_WORK
 
 from .columns import GpuColumns
 from .gpu_view import PhaseLookup
 from .stats import as_list, length, merge_arrays, overlap
 from .trace import Process
 
-WORK = re.compile(r"(fwd|bwd) mb(\d+)")
-WAIT = ("send", "recv")
-BATCH = re.compile(r"batch \d+")
 NOT_LINKED = "no GPU activity is linked to the pp ranges (the export lacks runtime calls or correlation ids)"
 
 
@@ -34,20 +32,29 @@ def theoretical_bubble(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+def _microbatch(name: str) -> int | None:
+    """j of a `fwd mb{j}` or `bwd mb{j}` range; None for any other range."""
+    for work in PP_WORK:
+        if found := work.match(name):
+            return int(found.group(1))
+    return None
+
+
 def pipeline_stats(processes: tuple[Process, ...], gpu=None) -> list[dict | None]:
     """One entry per process (same order): its pipeline numbers, or None without pp ranges.
     gpu: the trace's GPU activity (None on CPU-only traces)."""
-    stages = [p for p in processes if any(WORK.fullmatch(r.name) for r in p.ranges)]
+    stages = [p for p in processes if any(_microbatch(r.name) is not None for r in p.ranges)]
     if not stages:
         return [None] * len(processes)
-    microbatches = 1 + max(int(m.group(2)) for p in stages for r in p.ranges if (m := WORK.fullmatch(r.name)))
+    microbatches = 1 + max(j for p in stages for r in p.ranges if (j := _microbatch(r.name)) is not None)
     theory = theoretical_bubble(len(stages), microbatches)
     return [_stage(p, stages.index(p), theory, gpu) if p in stages else None for p in processes]
 
 
 def _stage(process: Process, index: int, theory: float, gpu) -> dict:
-    pieces = sorted((r for r in process.ranges if WORK.fullmatch(r.name) or r.name in WAIT), key=lambda r: r.start)
-    batches = sorted((r for r in process.ranges if BATCH.fullmatch(r.name)), key=lambda r: r.start)
+    pieces = sorted((r for r in process.ranges if r.name in WAIT or _microbatch(r.name) is not None),
+                    key=lambda r: r.start)
+    batches = sorted((r for r in process.ranges if BATCH.match(r.name)), key=lambda r: r.start)
     head = {"stage": index, "theoretical_bubble_share": theory}
     cpu = _cpu_view(pieces, batches)
     if gpu is None:

@@ -9,18 +9,17 @@ the launch of its last bucket (DDP launches a bucket once its gradients are read
 last launch is where backward compute ends and the wait for the all-reduce begins).
 """
 import bisect
-import re
 
 import numpy as np
 
-from .stats import as_list, intersect, length, merge, merge_arrays, overlap, percentile
+from handler.runtime.names import ALLREDUCE, BACKWARD
 
-ALLREDUCE = re.compile(r"allreduce b(\d+)")
+from .stats import as_list, intersect, length, merge, merge_arrays, overlap, percentile
 
 
 def comm_stats(ranges, batches, activity) -> dict | None:
     """ranges: the rank's NVTX ranges; batches: its batch ranges (sorted); activity: its GpuColumns or None."""
-    buckets = [r for r in ranges if ALLREDUCE.fullmatch(r.name)]
+    buckets = [r for r in ranges if ALLREDUCE.match(r.name)]
     nccl = activity.is_nccl() if activity is not None else None
     if not buckets and (nccl is None or not nccl.any()):
         return None
@@ -39,7 +38,7 @@ def comm_stats(ranges, batches, activity) -> dict | None:
     return {"source": source, "seconds": comm_ns / 1e9, "share": comm_ns / batch_ns if batch_ns else None,
             "overlap_share": overlap_ns / comm_ns if comm_ns else None,
             "exposed_s": (comm_ns - overlap_ns) / 1e9,
-            "buckets": len({m.group(1) for r in buckets if (m := ALLREDUCE.fullmatch(r.name))}),
+            "buckets": len({m.group(1) for r in buckets if (m := ALLREDUCE.match(r.name))}),
             "allreduce_ranges": len(buckets)}
 
 
@@ -47,7 +46,7 @@ def _backward_compute(ranges, buckets):
     """Each backward range cut at the launch of the last bucket inside it."""
     starts = sorted(r.start for r in buckets)
     for r in ranges:
-        if r.name == "backward":
+        if r.name == BACKWARD:
             inside = [s for s in starts if r.start <= s < r.end]
             yield (r.start, inside[-1] if inside else r.end)
 
@@ -57,7 +56,7 @@ def first_comm_starts(ranges, batches, activity) -> dict:
 
     The first bucket's launch (NVTX) is when a rank reached the end of its first layers'
     backward; without the ranges, a GPU trace's first NCCL kernel stands in."""
-    starts = sorted(r.start for r in ranges if ALLREDUCE.fullmatch(r.name))
+    starts = sorted(r.start for r in ranges if ALLREDUCE.match(r.name))
     if not starts and activity is not None:
         starts = np.sort(activity.start[activity.is_nccl()]).tolist()
     found = {}

@@ -16,11 +16,12 @@ from typing import AbstractSet, Iterable
 import numpy as np
 
 from .columns import GpuColumns
-from .stats import intersect, length, merge, merge_arrays, overlap
+from handler.runtime.names import DATA, DATA_GPU
+
+from .stats import intersect, length, merge, merge_arrays, nesting_parents, overlap, subtract
 from .trace import Range
 
 NCCL = "nccl"
-DATA_GPU = "data_gpu"
 # DALI names its threads "[DALI][WT]", "[DALI][TP0]", ... and marks its work with "[DALI]..." ranges.
 DALI_MARK = "[DALI]"
 DALI_KERNEL = re.compile(r"\b(dali|nvjpeg|nvimgcodec)::")
@@ -33,7 +34,7 @@ class PhaseLookup:
         self.by_thread: dict[int, list[Range]] = {}
         for r in sorted(phase_ranges, key=lambda r: (r.start, -r.end)):
             self.by_thread.setdefault(r.tid, []).append(r)
-        self.parents = {tid: _parents(rs) for tid, rs in self.by_thread.items()}
+        self.parents = {tid: nesting_parents(rs) for tid, rs in self.by_thread.items()}
         self.starts = {tid: [r.start for r in rs] for tid, rs in self.by_thread.items()}
         self.arrays = {tid: (np.array(self.starts[tid], dtype=np.int64), np.array([r.end for r in rs], dtype=np.int64),
                              np.array(self.parents[tid], dtype=np.int64)) for tid, rs in self.by_thread.items()}
@@ -64,16 +65,6 @@ class PhaseLookup:
         return i
 
 
-def _parents(ranges) -> list[int]:
-    parents, stack = [], []
-    for i, r in enumerate(ranges):
-        while stack and ranges[stack[-1]].end <= r.start:
-            stack.pop()
-        parents.append(stack[-1] if stack else -1)
-        stack.append(i)
-    return parents
-
-
 def pipeline_threads(process, thread_names: dict) -> set[int]:
     """The process's input-pipeline threads: named `[DALI]...` by DALI, or opening DALI's `[DALI]...` ranges."""
     named = {tid for tid, names in thread_names.items()
@@ -99,7 +90,10 @@ def gpu_stats(activity: GpuColumns, phase_ranges, phases, epochs, training_tid, 
     busy = {d: merge_arrays(activity.start[activity.device == d], activity.end[activity.device == d])
             for d in devices}
     idle_ns = capacity - sum(overlap(spans, b) for b in busy.values())
-    data = intersect(merge((r.start, r.end) for r in phase_ranges if r.name == "data"), spans)
+    # The training thread waiting for data, less the copy (`h2d`) nested in it since the loop's
+    # `data` phase holds the loader's copy.
+    data = intersect(subtract(merge((r.start, r.end) for r in phase_ranges if r.name == DATA),
+                              merge((r.start, r.end) for r in phase_ranges if r.name != DATA)), spans)
     stall_ns = sum(length(data) - overlap(data, b) for b in busy.values())
     return {"kernel_time_s": kernel_ns / 1e9, "nccl_time_s": nccl_ns / 1e9, "kernels": int(kernel.sum()),
             "devices": devices, "activity_s": int(duration.sum()) / 1e9,

@@ -1,10 +1,12 @@
 """The summary for people: a markdown page and the one line scripts/launch.sh prints."""
-from .analysis import GPU_PHASES, OUTSIDE_TRAINING, PHASES
+from handler.runtime.names import DATA, DATA_GPU, OUTSIDE_TRAINING, PHASES
+
+from .analysis import GPU_PHASES
 from .bubble import markdown_lines
 
 NA = "n/a"
-LABELS = {"data": "data-stall"}  # waiting for the loader is what the data phase measures
-GPU_LABELS = {"data_gpu": "data (GPU)"}  # the input pipeline's own GPU work (DALI, nvJPEG)
+LABELS = {DATA: "data-stall"}  # waiting for the loader is what the data phase measures
+GPU_LABELS = {DATA_GPU: "data (GPU)"}  # the input pipeline's own GPU work (DALI, nvJPEG)
 
 
 def pct(share: float | None) -> str:
@@ -26,7 +28,7 @@ def one_line(summary: dict) -> str:
     parts = [f"{LABELS.get(p, p)} {pct(shares[p] or 0.0)}" for p in PHASES]
     if gpu:
         parts[0:1] = [f"data-stall {pct(overall['gpu_data_stall_share'] or 0.0)}",
-                      f"data (GPU) {pct(shares.get('data_gpu') or 0.0)}"]
+                      f"{GPU_LABELS[DATA_GPU]} {pct(shares.get(DATA_GPU) or 0.0)}"]
     parts.append(f"epoch {num(overall['epoch_mean_s'])} s")
     if summary["gpu_trace"]:
         parts += [f"gpu idle {pct(overall['gpu_idle_share'])}", f"nccl {pct(overall['nccl_share'])}"]

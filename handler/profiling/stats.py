@@ -39,8 +39,37 @@ def intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[
     return out
 
 
+def subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of merged intervals a that no interval of merged b covers."""
+    out, j = [], 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > start:
+                out.append((start, b[k][0]))
+            start = max(start, b[k][1])
+            k += 1
+        if end > start:
+            out.append((start, end))
+    return out
+
+
 def length(merged: list[tuple[int, int]]) -> int:
     return sum(end - start for start, end in merged)
+
+
+def nesting_parents(ranges) -> list[int]:
+    """For ranges of one thread sorted by (start, -end), which push/pop ranges nest: the
+    index of each one's innermost enclosing range, -1 for none."""
+    parents, stack = [], []
+    for i, r in enumerate(ranges):
+        while stack and ranges[stack[-1]].end <= r.start:
+            stack.pop()
+        parents.append(stack[-1] if stack else -1)
+        stack.append(i)
+    return parents
 
 
 # The same on numpy columns, for millions of intervals: (starts, ends) arrays, int64 ns, exact.

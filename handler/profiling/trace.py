@@ -5,21 +5,16 @@ GPU_METRICS, ThreadNames, TARGET_INFO_CUDA_DEVICE); tables and columns an older 
 are skipped, never guessed. Every query orders by start: nsys 2025.6 stopped writing rows in
 time order. A process is identified by the pid packed into nsys' serialized global ids.
 """
-import re
 import sqlite3
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from handler.runtime.errors import UserError
+from handler.runtime.names import EPOCH, HOST, RANK
 
 from .columns import GpuColumns, load_gpu
 from .gpu_metrics import MetricSample, load_metric_samples
-
-RANK_MARK = re.compile(r"rank (\d+)")
-HOST_MARK = re.compile(r"host (\S+)")
-EPOCH = re.compile(r"epoch (\d+)")
-
 
 @dataclass(frozen=True)
 class Range:
@@ -96,15 +91,15 @@ def _processes(events) -> tuple[tuple[Process, ...], str]:
     for start, end, text, tid in events:
         pid = _pid(tid)
         if end is None:  # a mark
-            found = RANK_MARK.fullmatch(text or "")
+            found = RANK.match(text or "")
             if found:
                 marks[pid] = int(found.group(1))
-            found = HOST_MARK.fullmatch(text or "")
+            found = HOST.match(text or "")
             if found:
                 hosts[pid] = found.group(1)
         elif text:
             ranges.setdefault(pid, []).append(Range(text, start, end, tid))
-    trainers = set(marks) | {pid for pid, rs in ranges.items() if any(EPOCH.fullmatch(r.name) for r in rs)}
+    trainers = set(marks) | {pid for pid, rs in ranges.items() if any(EPOCH.match(r.name) for r in rs)}
     by_mark = all(pid in marks for pid in trainers) and len(set(marks.values())) == len(marks)
     rank_of = marks if by_mark else {pid: r for r, pid in enumerate(sorted(trainers))}
     processes = sorted((Process(pid, rank_of[pid], tuple(ranges.get(pid, ())), hosts.get(pid)) for pid in trainers),

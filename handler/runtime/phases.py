@@ -1,28 +1,35 @@
-"""Time per training phase from the loop's own clock, so phase shares need no profiler.
+"""The training phases: `with phase(FORWARD): ...` opens the phase's NVTX range and times it.
 
-The comparison report prefers nsys's NVTX ranges; without nsys it plots these
-(`epochs[].phase_s` in the metrics). The loop's `data` phase is the wait for the next
-batch including its copy to the device; nsys splits that copy out as `h2d`.
+One context manager does both, so the profile and the loop's own clock always cover the same
+work under the same name (handler/runtime/names.py). The comparison report prefers nsys's
+ranges; without nsys it plots these timers (`epochs[].phase_s` in the metrics). The loop's
+`data` phase is the wait for the next batch including its copy to the device; nsys shows that
+copy as the `h2d` range nested inside it, and the profile report counts it as `h2d` only.
 
 - CPU: wall clock, which is the truth there.
 - CUDA: events on the current stream, read once after the epoch's closing sync, so no
   step waits for a timer and the shares describe the GPU's timeline (a data wait hidden
-  behind queued kernels costs the GPU nothing and counts as nothing).
+  behind queued kernels costs the GPU nothing and counts as nothing). The host's own wall
+  clock runs beside them: `waited()`, the time the loop waited for batches.
 """
 import time
-from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 import torch
 
-LOOP_PHASES = ("data", "forward", "backward", "optimizer")
+from . import nvtx
+from .names import DATA, LOOP_PHASES
+
+Phase = Callable[[str], ContextManager]  # PhaseTimer, or untimed
 
 
 class PhaseTimer:
-    """`with timer("forward"): ...` adds the block's duration to that phase."""
+    """`with timer(FORWARD): ...`: the phase's NVTX range, and the block's duration added to it."""
 
     def __init__(self, device: torch.device):
         self._cuda = device.type == "cuda"
-        self._seconds = dict.fromkeys(LOOP_PHASES, 0.0)
+        self._host: dict[str, float] = dict.fromkeys(LOOP_PHASES, 0.0)  # wall seconds per phase
+        self._device: dict[str, float] = dict.fromkeys(LOOP_PHASES, 0.0)  # CUDA only: seconds from the events
         self._events = []  # CUDA only: (phase, start event, end event), read in seconds()
 
     def __call__(self, phase: str):
@@ -30,44 +37,50 @@ class PhaseTimer:
 
     def seconds(self) -> dict:
         """Seconds per phase so far; on CUDA the caller has synchronised the device."""
+        if not self._cuda:
+            return dict(self._host)
         for phase, start, end in self._events:
-            self._seconds[phase] += start.elapsed_time(end) / 1000.0  # gpu-only: tests/machine/test_gpu.py::test_cuda_event_phase_timers_add_up_to_the_epochs_wall_time
+            self._device[phase] += start.elapsed_time(end) / 1000.0  # gpu-only: tests/machine/test_gpu.py::test_cuda_event_phase_timers_add_up_to_the_epochs_wall_time
         self._events.clear()
-        return dict(self._seconds)
+        return dict(self._device)
+
+    def waited(self) -> float:
+        """Host seconds spent in `data`: the metrics' data_wait_s."""
+        return self._host[DATA]
 
 
-def no_timer(phase: str):
-    """The timer for callers that time nothing (benchmarks, tests of the step alone)."""
-    return _NULL
-
-
-_NULL = nullcontext()
+def untimed(phase: str) -> ContextManager:
+    """The phase for callers that time nothing (benchmarks, tests of the step alone): its
+    NVTX range only."""
+    return nvtx.nvtx_range(phase)
 
 
 class _WallSpan:
-    __slots__ = ("timer", "phase", "start")
+    __slots__ = ("timer", "phase", "start", "ranged")
 
-    def __init__(self, timer, phase):
+    def __init__(self, timer: PhaseTimer, phase: str):
         self.timer, self.phase = timer, phase
 
     def __enter__(self):
+        self.ranged = nvtx.push(self.phase)
         self.start = time.perf_counter()
 
     def __exit__(self, *exc):
-        self.timer._seconds[self.phase] += time.perf_counter() - self.start
+        self.timer._host[self.phase] += time.perf_counter() - self.start
+        if self.ranged:
+            nvtx.pop()
 
 
-class _CudaSpan:  # gpu-only: tests/machine/test_gpu.py::test_cuda_event_phase_timers_add_up_to_the_epochs_wall_time
-    __slots__ = ("timer", "phase", "start")
-
-    def __init__(self, timer, phase):
-        self.timer, self.phase = timer, phase
+class _CudaSpan(_WallSpan):  # gpu-only: tests/machine/test_gpu.py::test_cuda_event_phase_timers_add_up_to_the_epochs_wall_time
+    __slots__ = ("event",)
 
     def __enter__(self):
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.start.record()
+        super().__enter__()
+        self.event = torch.cuda.Event(enable_timing=True)
+        self.event.record()
 
     def __exit__(self, *exc):
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        self.timer._events.append((self.phase, self.start, end))
+        self.timer._events.append((self.phase, self.event, end))
+        super().__exit__(*exc)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..runtime.errors import UserError
 from ..runtime import nvtx
-from ..runtime.nvtx import capture_end, capture_start, nvtx_mark
+from ..runtime.nvtx import capture_start, nvtx_mark, range_end
 
 DEFAULT_WINDOW = (1, 2)  # after the first epoch's warm-up and autotuning
 WHOLE_RUN_UP_TO = 3  # runs of at most this many epochs are captured whole
@@ -115,6 +115,6 @@ class Capture:
             return
         from ..runtime import dist
         dist.barrier()  # every rank's last captured range has ended
-        capture_end(self.handle)
+        range_end(self.handle)
         self.handle = None
         nvtx.stop_ranges()

@@ -8,15 +8,16 @@ divergence check reads one flag every CHECK_EVERY steps).
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Optional, Protocol, Tuple
+from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from ..runtime import dist
 from .model_options import cross_entropy
+from ..runtime.names import BACKWARD, BATCH, DATA, EPOCH, FORWARD, OPTIMIZER
 from ..runtime.nvtx import nvtx_range
-from ..runtime.phases import PhaseTimer, no_timer
+from ..runtime.phases import Phase, PhaseTimer, untimed
 
 
 def sync(device: torch.device) -> None:
@@ -45,9 +46,8 @@ class Step:
     optimise: Optional["StepFn"] = None  # a mode's own step (Strategy.step); None: _optimise
 
 
-Timer = Callable[[str], ContextManager]  # PhaseTimer, or no_timer
 Criterion = Callable[[Trainable, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
-StepFn = Callable[[Step, torch.Tensor, torch.Tensor, Timer], torch.Tensor]  # -> device sums (loss*n, correct)
+StepFn = Callable[[Step, torch.Tensor, torch.Tensor, Phase], torch.Tensor]  # -> device sums (loss*n, correct)
 
 
 def _micro_batches(images, labels, k):
@@ -68,32 +68,29 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
     step.model.train()
     totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss*n, correct
     samples, stopped_at = 0, None
-    timer = PhaseTimer(device)
+    phase = PhaseTimer(device)
     sync(device)
     # The clock starts before the loader's per-epoch set-up (DALI rebuilds its pipeline,
     # DataLoader starts its workers), so every mode pays for it inside the epoch; it
     # counts as waiting for data.
     start = time.perf_counter()
-    with nvtx_range(f"epoch {epoch}"):
-        with timer("data"):
+    with nvtx_range(EPOCH(epoch)):
+        with phase(DATA):
             loader.set_epoch(epoch)
             batches = iter(loader)
             for _ in range(start_step):
                 next(batches)
-        wait = time.perf_counter() - start
         bar.update(start_step)
         for i in range(start_step, len(loader)):
             if stop.should_stop():
                 stopped_at = i
                 break
-            with nvtx_range(f"batch {i}"):
-                t = time.perf_counter()
-                with timer("data"):
+            with nvtx_range(BATCH(i)):
+                with phase(DATA):
                     images, labels = next(batches)
-                wait += time.perf_counter() - t
                 if step.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
-                sums = (step.optimise or _optimise)(step, images, labels, timer)
+                sums = (step.optimise or _optimise)(step, images, labels, phase)
                 totals += sums
                 samples += labels.shape[0]
                 guard.observe(sums[0], i)
@@ -103,11 +100,11 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
     guard.check(epoch)
     sync(device)
     elapsed = time.perf_counter() - start
-    return {"time_s": elapsed, "data_wait_s": wait, "phase_s": timer.seconds(), "stopped_at": stopped_at,
+    return {"time_s": elapsed, "data_wait_s": phase.waited(), "phase_s": phase.seconds(), "stopped_at": stopped_at,
             **_summarise(totals, samples)}
 
 
-def _optimise(step: Step, images, labels, timer: Timer = no_timer) -> torch.Tensor:
+def _optimise(step: Step, images, labels, phase: Phase = untimed) -> torch.Tensor:
     """Forward/backward over the micro-batches, then one optimizer step; returns
     (loss * n, correct) on the device, without waiting for it.
 
@@ -122,19 +119,19 @@ def _optimise(step: Step, images, labels, timer: Timer = no_timer) -> torch.Tens
     for j, (x, y) in enumerate(parts):
         # DDP decides in forward whether the coming backward all-reduces.
         with no_sync() if j < len(parts) - 1 else nullcontext():
-            with nvtx_range("forward"), timer("forward"), step.autocast():
+            with phase(FORWARD), step.autocast():
                 loss, right = step.criterion(step.model, x, y)
-            with nvtx_range("backward"), timer("backward"):
+            with phase(BACKWARD):
                 step.scaler.scale(loss * (y.shape[0] / n)).backward()
         sums += torch.stack([loss.detach().double() * y.shape[0], right.double()])
-    update(step, timer)
+    update(step, phase)
     return sums
 
 
-def update(step: Step, timer: Timer = no_timer) -> None:
+def update(step: Step, phase: Phase = untimed) -> None:
     """The optimiser's part of a step (every mode's, pp's included): scaled step, zeroed
     gradients, learning-rate schedule."""
-    with nvtx_range("optimizer"), timer("optimizer"):
+    with phase(OPTIMIZER):
         step.scaler.step(step.optimizer)
         step.scaler.update()
         step.optimizer.zero_grad(set_to_none=True)
@@ -153,7 +150,7 @@ def evaluate(model, loader, name: str, device: torch.device, autocast=nullcontex
     totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss sum, correct
     samples = 0
     steps = dist.all_reduce_max(len(loader)) if lockstep else len(loader)
-    batches = iter(loader)
+    batches = in_data_ranges(loader)
     with nvtx_range(name):
         for _ in range(steps):
             batch = next(batches, None)
@@ -169,6 +166,18 @@ def evaluate(model, loader, name: str, device: torch.device, autocast=nullcontex
             totals += torch.stack([loss.double(), (logits.argmax(1) == labels).sum().double()])
             samples += labels.shape[0]
     return _summarise(totals, samples)
+
+
+def in_data_ranges(loader) -> Iterator:
+    """Evaluation's batches, each wait for one inside a `data` range as in training (evaluation
+    is one range, not split into timed phases)."""
+    batches = iter(loader)
+    while True:
+        with nvtx_range(DATA):
+            batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch
 
 
 def _summarise(totals: torch.Tensor, samples: int) -> dict:

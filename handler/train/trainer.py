@@ -25,6 +25,7 @@ from .metrics import MetricsFile, environment
 from .optimizer import build_sgd, settle
 from .model_options import checkpoint_stages
 from .strategy import Strategy
+from ..runtime.names import CHECKPOINT, HOST, RANK, TEST, VALIDATE
 from ..runtime.nvtx import nvtx_mark, nvtx_range, profiler_attached
 from ..runtime.stopping import StopFlag
 
@@ -71,7 +72,7 @@ def fit(cfg, strategy: Strategy) -> dict:
     # Fixed input shapes: cuDNN's autotuner picks the fastest kernels once and reuses them.
     torch.backends.cudnn.benchmark = device.type == "cuda"
     capture = Capture.start(cfg.profile_epochs, cfg.epochs)  # docs/PROFILING.md, "Capture window"
-    nvtx_mark(f"rank {cfg.rank}")
+    nvtx_mark(RANK(cfg.rank))
     started = time.perf_counter()
     splits = load_splits(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
@@ -115,9 +116,9 @@ def fit(cfg, strategy: Strategy) -> dict:
             notes += (note,)
             rank0.say(cfg, f"warning: {note}", err=True)
     hosts = dist.hostnames()
-    nvtx_mark(f"host {hosts[cfg.rank]}")  # the profile report names each rank's host
+    nvtx_mark(HOST(hosts[cfg.rank]))  # the profile report names each rank's host
     last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
-    capture.marks = (f"rank {cfg.rank}", f"host {hosts[cfg.rank]}")
+    capture.marks = (RANK(cfg.rank), HOST(hosts[cfg.rank]))
     capture_note = capture.fit_to(start_epoch, last_epoch)
     if capture_note and profiler_attached():
         notes += (capture_note,)
@@ -149,7 +150,7 @@ def fit(cfg, strategy: Strategy) -> dict:
                 raise StopRequested(stop.agreed_signal())
             val = {"loss": None, "acc": None, "samples": 0}
             if loaders.valid is not None:
-                val = evaluate_on(loaders.valid, "validate")
+                val = evaluate_on(loaders.valid, VALIDATE)
             record = _epoch_record(epoch, train, val, first_step)
             history.append(record)
             improved = val["acc"] is not None and val["acc"] > best_acc
@@ -166,7 +167,7 @@ def fit(cfg, strategy: Strategy) -> dict:
     finally:
         stop.close()
 
-    test = evaluate_on(loaders.test, "test")
+    test = evaluate_on(loaders.test, TEST)
     capture.close_run()
     total = time.perf_counter() - started
     if metrics is not None:  # rank 0's
@@ -236,7 +237,7 @@ def _save(cfg, state, *, raw, optimizer, scheduler, scaler, epochs_done, step, b
         raise Diverged(f"the weights hold NaN/inf after epoch {epochs_done}, step {step}; nothing was saved "
                        f"and {os.path.join(cfg.ckpt, 'last.pt')} keeps the last good state: lower --lr "
                        "(or use --amp bf16) and continue with --resume")
-    with nvtx_range("checkpoint"):
+    with nvtx_range(CHECKPOINT):
         os.makedirs(cfg.ckpt, exist_ok=True)
         captured = state.capture(cfg, raw, optimizer, tag=f"e{epochs_done}s{step}")
         failure = None
