@@ -57,7 +57,7 @@ def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
     mode.preflight(cfg)
     ckpt = None
     if cfg.resume is not None:
-        from .trainer import check_compatible, resume_path
+        from .build import check_compatible, resume_path
         ckpt = load_checkpoint(resume_path(cfg), "cpu")
     if not spawning:
         return cfg
