@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.common import ROOT, check_target, context, emit, parser, table
 from bench.comm_model import check, fit, predict_hosts, ring_messages, scaling
-from handler.train.config import COMM_HOOKS
+from handler.DDP.options import COMM_HOOKS
 from handler.runtime.errors import UserError, one_line_errors
 
 CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "cluster.sh")
@@ -184,7 +184,7 @@ def main(argv=None) -> dict:
     p.add_argument("--delays", help="comma-separated ms each way on node1's link (default 0,1,5)")
     p.add_argument("--hosts", type=int, help="the host count predicted from the 2-host fit (default 4; 2: none)")
     p.add_argument("--steps", type=int, help="timed steps per hook, cell and round")
-    p.add_argument("--rounds", type=int, help="rounds over the 2-host cells (full 4, --quick 3)")
+    p.add_argument("--rounds", type=int, help="rounds over the 2-host cells (full 4, --quick 2)")
     p.add_argument("--gpu-epoch-s", type=float,
                    help=f"a measured 1-GPU ResNet-18 epoch (45,000 images, batch 256) for the scaling table "
                         f"(default: ASSUMED {ASSUMED_GPU_EPOCH_S:g} s, see docs/COMM.md)")

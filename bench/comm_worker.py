@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bench.common import fixed_batches, make_optimizer
 from handler.DDP.comm_hook import CommHook
+from handler.DDP.options import CommOptions
 from handler.DDP.model import no_buffer_sync
 from handler.DDP.processes import destroy_process, initialize_group
 from handler.profiling.comm import comm_stats
@@ -87,8 +88,8 @@ class Hooked:
     def __init__(self, hook: str, size: dict, rank: int, world: int):
         torch.manual_seed(0)
         raw = build_model(size["model"], 10)
-        comm = CommHook(name=hook, powersgd_rank=size["powersgd_rank"], powersgd_warmup=2,
-                        bucket_cap_mb=size["bucket_cap_mb"])
+        comm = CommHook(CommOptions(comm_hook=hook, powersgd_rank=size["powersgd_rank"], powersgd_warmup=2,
+                                    bucket_cap_mb=size["bucket_cap_mb"]))
         self.recorder = Recorder()
         self.ddp = comm.register(DistributedDataParallel(raw, **comm.ddp_options(), **no_buffer_sync()),
                                  ranges=self.recorder)

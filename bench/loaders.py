@@ -26,7 +26,8 @@ from handler.train.config import Config
 from handler.data.dataset import Splits
 from handler.train.loop import sync
 from handler.data.synthetic import CLASSES, make_images
-from handler.DALI.cifar10_loader import SOURCES, get_DALI_loader, resolve_source
+from handler.DALI.cifar10_loader import SOURCES, get_DALI_loader
+from handler.DALI.options import DaliOptions
 from handler.DDP.cifar10_loader import get_DDP_loader
 
 IMAGES, QUICK_IMAGES = 50_000, 1_024
@@ -73,13 +74,17 @@ def build_loaders(splits: Splits, data: str) -> dict:
     loaders = {f"torchvision w{w}": (get_DDP_loader(dataclasses.replace(base, workers=w), splits).train, cpu)
                for w in (0, PARALLEL)}
     dali_cfg = dataclasses.replace(base, mode="ddp_dali", workers=PARALLEL)
+
+    def dali(cfg: Config, source: str):
+        """A source's train loader; the source is the config's option, as on the command line."""
+        return get_DALI_loader(cfg.with_section(DaliOptions(dali_source=source)), splits).train
+
     for source in SOURCES:
-        loaders[f"dali-cpu {source} t{PARALLEL}"] = (get_DALI_loader(dali_cfg, splits, source=source).train, cpu)
+        loaders[f"dali-cpu {source} t{PARALLEL}"] = (dali(dali_cfg, source), cpu)
     if torch.cuda.is_available():  # gpu-only: tests/machine/test_bench_gpu.py::test_the_loaders_bench_rates_dali_on_the_gpu
         gpu_cfg = dataclasses.replace(dali_cfg, use_cuda=True, device="cuda:0")
         for source in SOURCES:
-            loaders[f"dali-gpu {source} t{PARALLEL}"] = (
-                get_DALI_loader(gpu_cfg, splits, source=source).train, torch.device("cuda:0"))
+            loaders[f"dali-gpu {source} t{PARALLEL}"] = (dali(gpu_cfg, source), torch.device("cuda:0"))
     return loaders
 
 
@@ -98,7 +103,7 @@ def main(argv=None) -> dict:
     torchvision = rates[f"torchvision w{PARALLEL}"]
     ratios = {source: [d / t for d, t in zip(rates[f"dali-cpu {source} t{PARALLEL}"], torchvision)]
               for source in SOURCES}
-    default = resolve_source()
+    default = DaliOptions().dali_source
     headline = float(np.median(ratios[default]))
     results = {
         "images": images, "batch": BATCH, "rounds": rounds, "parallel": PARALLEL,

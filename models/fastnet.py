@@ -1,7 +1,7 @@
 """FastNet: a small, wide VGG-style net after KellerJordan/cifar10-airbench.
 
 Three conv groups (conv, max-pool, BN, GELU, conv, BN, GELU), global max-pool and a
-scaled linear head. Meant for a fast recipe (about 10 epochs); see the README for
+scaled linear head. Meant for a fast recipe (about 10 epochs); see docs/GPU_CHECK.md ("GPU status") for
 its status: the time-to-accuracy target is recorded there, not guessed here.
 """
 from typing import List

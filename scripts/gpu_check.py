@@ -55,6 +55,11 @@ def module_present(name: str) -> bool:
         return False
 
 
+def no_dali_warning() -> str:
+    from handler.runtime.cuda_build import dali_install_hint
+    return f"gpu_check: WARNING: NVIDIA DALI is not installed: SKIPPING every ddp_dali check ({dali_install_hint()})"
+
+
 def checks_for(gpus: int, args: argparse.Namespace, bf16: bool) -> List[Check]:
     """The plan for this machine (or, rehearsing, a 2-GPU machine's, translated for the CPU),
     then the part that --only and --part choose. ValueError for a bad choice."""
@@ -88,8 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         return 2
     if not module_present("nvidia.dali"):
-        print("gpu_check: WARNING: NVIDIA DALI is not installed: SKIPPING every ddp_dali check "
-              "(pip install nvidia-dali-cuda130==2.4.0, or -cuda120 on a CUDA 12 driver)", file=sys.stderr)
+        print(no_dali_warning(), file=sys.stderr)
     try:
         checks = checks_for(gpus, args, bf16=args.rehearse or torch.cuda.is_bf16_supported())
     except ValueError as e:

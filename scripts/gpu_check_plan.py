@@ -8,11 +8,12 @@ import fnmatch
 from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence, Tuple
 
+from handler.DALI.options import SOURCES as DALI_SOURCES  # every --dali-source gets a check
+
 Expect = Tuple[Tuple[str, object], ...]  # (metrics path "env.backend", value) pairs
 
 ONE_GPU_MODES_TEST = "test_every_mode_trains_end_to_end_on_one_gpu"  # tests/machine/test_gpu.py
 SIGSTOP_TEST = "test_sigstopped_rank_is_named_on_nccl"  # a gpus(2) test in tests/machine/
-DALI_SOURCES = ("memory", "raw", "jpeg")
 # pytest selects markers by name: tests marked only gpus(2) are not `gpu` to -m.
 GPU_TESTS = "gpu or gpus"
 

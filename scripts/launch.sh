@@ -4,7 +4,7 @@
 #
 #   MODE=ddp NUM_GPUS=2 scripts/launch.sh [train_cifar.py arguments...]
 #
-# MODE (ddp_dali) dp|ddp|ddp_dali|fsdp|pp   NUM_GPUS (visible GPUs, else 2 CPU processes)
+# MODE (ddp_dali) handler/modes.py's       NUM_GPUS (visible GPUs, else 2 CPU processes)
 # LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   DATA_DIR (./data)   CKPT_DIR (ckpt/<run name>/<start time>)
 # NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
 # PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
@@ -19,10 +19,16 @@ say() { echo "launch: $*" >&2; }
 die() { say "$*"; exit 2; }
 
 MODE="${MODE:-ddp_dali}"
-case "$MODE" in
-    dp|ddp|ddp_dali|fsdp|pp) ;;
-    *) die "MODE='$MODE' is not a mode; use MODE=dp, ddp, ddp_dali, fsdp or pp" ;;
-esac
+# The modes are handler/modes.py's, so a sixth mode there is one here too (README, "Adding a
+# sixth mode"). That module imports nothing heavy: any Python 3 reads it, before set-up.
+modes_python="${PYTHON:-$ROOT/.venv/bin/python}"
+[[ -x "$modes_python" ]] || modes_python=python3
+modes="$(cd "$ROOT" && "$modes_python" -c 'from handler.modes import MODES; print(*MODES)' 2>/dev/null)" \
+    || die "could not read the modes from handler/modes.py with $modes_python; install Python 3 or set PYTHON"
+if [[ " $modes " != *" $MODE "* ]]; then
+    names="${modes// /, }"
+    die "MODE='$MODE' is not a mode; use one of: $names (MODE=ddp_dali by default)"
+fi
 
 # Checked before set-up and the GPU count, so a typo costs no torch start-up.
 [[ -z "${NUM_GPUS:-}" || "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] \
@@ -99,7 +105,12 @@ fi
 report="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.nsys-rep"
 metrics="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.metrics.json"
 mkdir -p "$NSIGHT_LOG_DIR"
-rm -f "$report" "$metrics"  # so a failed run never shows the previous run's results
+# An earlier run's report, metrics and summary under this name move aside, never deleted; a
+# failed run then never shows the previous run's results either (scripts/earlier_runs.sh).
+source "$ROOT/scripts/earlier_runs.sh"
+earlier="$(move_earlier_run "$NSIGHT_LOG_DIR" "$NSIGHT_FILE_NAME")" \
+    || die "could not move the earlier $NSIGHT_FILE_NAME results aside in $NSIGHT_LOG_DIR; check that folder's permissions"
+[[ -n "$earlier" ]] && say "the earlier $NSIGHT_FILE_NAME run's results: $earlier"
 
 smoke=()
 if [[ $device == cpu ]]; then

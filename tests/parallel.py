@@ -37,7 +37,8 @@ held = {}  # one_at_a_time names this worker holds
 SLOW_FIRST = ("test_gpu_check.py", "test_launch.py", "test_comm_hooks.py", "test_compare.py", "test_pp.py",
               "test_resume_and_torchrun.py",
               "test_faults.py", "test_toolbox.py", "test_bench.py", "test_training_modes.py", "test_safety.py",
-              "test_launch_safety.py", "test_cpu_machine.py", "test_profile_report.py",
+              "test_launch_safety.py", "test_launch_modes_and_earlier_runs.py", "test_cpu_machine.py",
+              "test_profile_report.py",
               "test_devices.py", "test_nsys_install.py", "test_ddp_correctness.py", "test_hosts.py", "test_peers_errors.py",
               "test_ddp_edges.py")
 

@@ -2,42 +2,37 @@
 
 Importable without DALI installed; get_DALI_loader says how to install it.
 """
-import os
-
 import numpy as np
 
-from ..train.config import DALI_SOURCES as SOURCES
 from ..runtime.errors import UserError
 from ..data.loaders import Loaders
-from .derived import FORMATS, derived_files
-
-DEFAULT_SOURCE = "memory"  # the fastest measured on CPU, see docs/DALI.md
-SOURCE_ENV = "HARNESS_DALI_SOURCE"
+from .derived import derived_files
+from .options import SOURCES, DaliOptions
 
 
 def require_dali() -> None:
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
-        raise UserError("--mode ddp_dali needs NVIDIA DALI: pip install nvidia-dali-cuda120==2.4.0 "
-                        "(see README)") from None
+        from ..runtime.cuda_build import dali_install_hint
+        raise UserError(f"--mode ddp_dali needs NVIDIA DALI: {dali_install_hint()}") from None
 
 
-def resolve_source(source=None) -> str:
-    """The explicit choice, else $HARNESS_DALI_SOURCE, else DEFAULT_SOURCE."""
-    source = source or os.environ.get(SOURCE_ENV) or DEFAULT_SOURCE
+def resolve_source(source: str) -> str:
+    """A source named in code (the command line's choices are checked by the parser)."""
     if source not in SOURCES:
         raise UserError(f"DALI source {source!r} is unknown; choose one of: {', '.join(SOURCES)}")
     return source
 
 
-def get_DALI_loader(cfg, splits, source=None) -> Loaders:
+def get_DALI_loader(cfg, splits) -> Loaders:
     """Train: equal shards of a permutation drawn afresh each epoch (DistributedSampler's
-    scheme). Valid/test: exact shards, so every image is counted once."""
+    scheme). Valid/test: exact shards, so every image is counted once. The input is the
+    config's --dali-source, the one way to choose it, so the metrics record what ran."""
     require_dali()
     from .pipeline import CifarPipeline, DALILoader, shard_size
 
-    source = resolve_source(source or cfg.dali_source)
+    source = resolve_source(DaliOptions.of(cfg).dali_source)
 
     def inputs(images):
         """What the pipeline reads: the array itself, or one derived file per image."""

@@ -1,7 +1,9 @@
-"""--mode ddp_dali: ddp's processes and model, with batches from NVIDIA DALI pipelines."""
+"""--mode ddp_dali: ddp's processes, model and comm options, with batches from NVIDIA DALI
+pipelines reading the input its own option names."""
 from ..DDP.mode import launch
-from ..DDP.options import check_comm
+from ..DDP.options import CommOptions, check_comm
 from ..train.mode import Mode
+from .options import DaliOptions
 
 
 def strategy(cfg):
@@ -15,4 +17,5 @@ def preflight(cfg) -> None:
     require_dali()
 
 
-MODE = Mode(run=launch(strategy), preflight=preflight, check=check_comm, sync_bn=True, comm_hooks=True)
+MODE = Mode(run=launch(strategy), options=(CommOptions, DaliOptions), preflight=preflight, check=check_comm,
+            sync_bn=True)

@@ -1,5 +1,11 @@
 """The DALI pipeline mirroring handler/data/augment.py, and its torch-facing loader.
 
+The crop and flip are augment.crop_flip's, done in DALI operators two ways, each for a reason:
+the memory source draws them in numpy (BatchFeed, so a rebuilt pipeline replays them) and cuts
+them in one fused operator; the file sources draw them inside DALI (_augment_read).
+tests/training/test_dali_loader.py holds the first against crop_flip image for image, the
+second by its distribution (DALI's draws cannot be replayed outside it).
+
 Imports DALI at the top: reach it through cifar10_loader, which checks DALI first.
 """
 import math
@@ -27,8 +33,9 @@ class CifarPipeline(Pipeline):
         through external_source (a BatchFeed);
       - "raw" / "jpeg": one file per image (`images` holds the paths), read by DALI's
         file reader; "jpeg" decodes, on the GPU ("mixed") when there is one.
-    `train` adds the torchvision augmentation: a 32-pixel crop of the image padded by 4
-    on every side, a horizontal flip with p=0.5, then cutout after normalisation.
+    `train` adds the torchvision augmentation (handler/data/augment.py crop_flip): a 32-pixel
+    crop of the image padded by 4 on every side, a horizontal flip with p=0.5, then cutout
+    after normalisation.
     Otherwise the pipeline only normalises, deterministically. `epoch` enters every
     seed, so one epoch's pass can be rebuilt exactly.
     """

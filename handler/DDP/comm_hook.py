@@ -21,6 +21,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce
 from handler.runtime import nvtx
 from handler.runtime.errors import UserError
 
+from .options import CommOptions
+
 if TYPE_CHECKING:
     from .powersgd import PowerSGD
 
@@ -57,25 +59,23 @@ def in_ranges(hook, ranges):
 
 @dataclass
 class CommHook:
-    """The --comm-hook and DDP bucket options of one run; `register` attaches them to a DDP model."""
-    name: str = "allreduce"
-    powersgd_rank: int = 2
-    powersgd_warmup: int = 10
-    bucket_cap_mb: float = 25.0
-    static_graph: bool = False
-    grad_as_bucket_view: bool = False
+    """The run's CommOptions (handler/DDP/options.py), as they are; `register` attaches them to a DDP model."""
+    options: CommOptions = field(default_factory=CommOptions)
     seed: int = 0
     powersgd: Optional["PowerSGD"] = field(default=None, repr=False)  # once registered
 
     @classmethod
     def from_config(cls, cfg) -> "CommHook":
-        return cls(name=cfg.comm_hook, powersgd_rank=cfg.powersgd_rank, powersgd_warmup=cfg.powersgd_warmup,
-                   bucket_cap_mb=cfg.bucket_cap_mb, static_graph=cfg.static_graph,
-                   grad_as_bucket_view=cfg.grad_as_bucket_view, seed=cfg.seed)
+        return cls(CommOptions.of(cfg), seed=cfg.seed)
+
+    @property
+    def name(self) -> str:
+        return self.options.comm_hook
 
     def ddp_options(self) -> dict:
-        return {"bucket_cap_mb": self.bucket_cap_mb, "static_graph": self.static_graph,
-                "gradient_as_bucket_view": self.grad_as_bucket_view}
+        o = self.options
+        return {"bucket_cap_mb": o.bucket_cap_mb, "static_graph": o.static_graph,
+                "gradient_as_bucket_view": o.grad_as_bucket_view}
 
     def register(self, ddp, ranges=None):
         """Attach the hook; `ranges` (start/end) marks each bucket, by default NVTX under a profiler.
@@ -85,7 +85,7 @@ class CommHook:
             return ddp
         if self.name == "powersgd":
             from .powersgd import PowerSGD
-            self.powersgd = PowerSGD(ddp.module, self.powersgd_rank, self.powersgd_warmup, self.seed)
+            self.powersgd = PowerSGD(ddp.module, self.options.powersgd_rank, self.options.powersgd_warmup, self.seed)
             state, hook = self.powersgd.state, self.powersgd.hook
         elif self.name in CASTS:
             hook, dtype = CASTS[self.name]

@@ -5,7 +5,7 @@ from functools import partial
 from ..runtime.dist import launched_by_torchrun
 from ..train.mode import Mode
 from .model import SYNC_BN_NOTE
-from .options import check_comm
+from .options import CommOptions, check_comm
 
 
 def launch(strategy_for):
@@ -38,4 +38,4 @@ def strategy(cfg, make_loaders=None):
                     notes=(SYNC_BN_NOTE,) if cfg.sync_bn and cfg.use_cuda else ())
 
 
-MODE = Mode(run=launch(strategy), check=check_comm, sync_bn=True, comm_hooks=True)
+MODE = Mode(run=launch(strategy), options=(CommOptions,), check=check_comm, sync_bn=True)

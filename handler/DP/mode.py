@@ -1,5 +1,6 @@
 """--mode dp: one process, nn.DataParallel over the visible GPUs (or one plain CPU process)."""
 from ..train.mode import Mode
+from .options import DPOptions
 
 
 def run(cfg) -> None:
@@ -7,4 +8,4 @@ def run(cfg) -> None:
     run_dp(cfg)
 
 
-MODE = Mode(run=run)
+MODE = Mode(run=run, options=(DPOptions,), one_process=True)

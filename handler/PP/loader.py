@@ -31,7 +31,7 @@ class _Labels(Dataset):
 
 
 class StageLoader:
-    """The loader contract (DESIGN: `(images, labels)` on the device, `__len__`, `set_epoch`)."""
+    """The loader contract (handler/data/loaders.py: `(images, labels)` on the device, `__len__`, `set_epoch`)."""
 
     def __init__(self, inner: DeviceLoader, first: bool, last: bool, device):
         self.inner, self.first, self.last = inner, first, last

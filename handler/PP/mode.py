@@ -1,7 +1,7 @@
 """--mode pp: one slice of the model per process, micro-batches through a GPipe or 1F1B schedule."""
 from ..DDP.mode import launch
 from ..train.mode import Mode
-from .options import check_options
+from .options import PipelineOptions, check_options
 
 
 def strategy(cfg):
@@ -9,4 +9,4 @@ def strategy(cfg):
     return pipeline_strategy(cfg)
 
 
-MODE = Mode(run=launch(strategy), check=check_options)
+MODE = Mode(run=launch(strategy), options=(PipelineOptions,), check=check_options, whole_batch=True)

@@ -27,10 +27,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..modes import MODES
+from ..modes import MODES, option_choices
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError, one_line_errors
-from ..train.config import COMM_HOOKS
 from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, sweep_hooks
 from .plots import write_plots
 from .provenance import provenance
@@ -53,7 +52,7 @@ def parse_args(argv):
                    help="one more variant: a mode with its own train_cifar.py options, e.g. "
                         "'ddp:--amp bf16' or 'bf16=ddp:--amp bf16'; repeatable")
     p.add_argument("--hooks", metavar="H[,H...]",
-                   help=f"sweep --comm-hook ({','.join(COMM_HOOKS)}) over every ddp/ddp_dali variant")
+                   help=f"sweep --comm-hook ({','.join(option_choices('comm_hook'))}) over every ddp/ddp_dali variant")
     p.add_argument("--comm-bench", type=Path, metavar="JSON",
                    help="a `python -m bench.comm --json` result: adds step time against link rate per hook")
     p.add_argument("--counts", help="comma-separated process/GPU counts (default: 1,2,4 capped at the "
@@ -135,7 +134,7 @@ def main(argv=None) -> int:
     gpus = cuda_status()[0]
     variants = build_variants(args.modes, args.cell, MODES)
     if args.hooks is not None:
-        variants = sweep_hooks(variants, args.hooks, COMM_HOOKS)
+        variants = sweep_hooks(variants, args.hooks, option_choices("comm_hook"))
     comm_bench = load_comm_bench(args.comm_bench) if args.comm_bench else None
     counts = parse_counts(args.counts) if args.counts else default_counts(gpus)
     cells = matrix(variants, counts)

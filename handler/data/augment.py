@@ -1,5 +1,7 @@
 """The training/evaluation transforms: pad-4 random crop, horizontal flip, to [0, 1], normalise,
-optional Cutout. The DALI pipeline mirrors them exactly.
+optional Cutout. `crop_flip` is the one reference for the crop and flip: the DALI pipeline
+(handler/DALI/pipeline.py) does them in its own operators, and tests/training/test_dali_loader.py
+holds both of its ways against `crop_flip`.
 
 They equal torchvision's RandomCrop(32, padding=4) + RandomHorizontalFlip + ToTensor + Normalize
 bit for bit, drawing the same random numbers in the same order (tests/training/test_data.py
@@ -13,6 +15,16 @@ import torch
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 PAD = 4
+
+
+def crop_flip(img: np.ndarray, top: int, left: int, flip: bool) -> np.ndarray:
+    """RandomCrop(32, padding=PAD)'s window at (top, left) of the image zero-padded by PAD on
+    every side (top, left in 0..2*PAD, drawn uniformly), then RandomHorizontalFlip's mirror
+    when `flip` (drawn with p = 0.5). uint8 HWC in, uint8 HWC out."""
+    h, w = img.shape[:2]
+    padded = np.pad(img, ((PAD, PAD), (PAD, PAD), (0, 0)))
+    window = padded[top:top + h, left:left + w]
+    return window[:, ::-1] if flip else window
 
 
 class Cutout:
@@ -54,14 +66,10 @@ class TrainTransform(_Normalised):
         self.cutout = Cutout(cutout) if cutout else None
 
     def __call__(self, img: np.ndarray) -> torch.Tensor:
-        h, w = img.shape[:2]
-        padded = np.pad(img, ((PAD, PAD), (PAD, PAD), (0, 0)))
-        top = torch.randint(0, 2 * PAD + 1, size=(1,)).item()  # RandomCrop.get_params' two draws
-        left = torch.randint(0, 2 * PAD + 1, size=(1,)).item()
-        img = padded[top:top + h, left:left + w]
-        if torch.rand(1) < 0.5:  # RandomHorizontalFlip's draw
-            img = img[:, ::-1]
-        out = self.tensor(img)
+        top = int(torch.randint(0, 2 * PAD + 1, size=(1,)).item())  # RandomCrop.get_params' two draws
+        left = int(torch.randint(0, 2 * PAD + 1, size=(1,)).item())
+        flip = bool(torch.rand(1) < 0.5)  # RandomHorizontalFlip's draw
+        out = self.tensor(crop_flip(img, top, left, flip))
         return self.cutout(out) if self.cutout else out
 
 

@@ -59,7 +59,9 @@ def data_lock(cfg):
 
 
 def _synthetic(cfg, reason):
-    cfg = dataclasses.replace(cfg, dataset="synthetic")
+    """`reason`: why --dataset auto fell back (None when synthetic was asked for); the metrics
+    record it as env.dataset_fallback (docs/METRICS.md)."""
+    cfg = dataclasses.replace(cfg, dataset="synthetic", dataset_fallback=reason or "")
     if reason is not None:
         rank0.banner(cfg,
                      f"CIFAR-10 is not in {cfg.data} and could not be downloaded ({reason}).",

@@ -36,14 +36,18 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
 
 def comm_config(metrics: dict | None) -> dict | None:
     """The run's gradient hook and DDP buckets (docs/COMM.md), from the metrics config.
-    None without metrics; a run from before --comm-hook used DDP's plain all-reduce."""
+    None without metrics; an option a run's metrics lack (a run from before it existed) ran
+    at its default, read from the mode's own section (handler/modes.py)."""
     config = (metrics or {}).get("config")
-    if not config or config.get("mode") not in ("ddp", "ddp_dali"):
+    if not config:
         return None
-    return {"hook": config.get("comm_hook", "allreduce"), "bucket_cap_mb": config.get("bucket_cap_mb", 25.0),
-            "powersgd_rank": config.get("powersgd_rank") if config.get("comm_hook") == "powersgd" else None,
-            "static_graph": config.get("static_graph", False),
-            "grad_as_bucket_view": config.get("grad_as_bucket_view", False)}
+    from ..modes import option_defaults, option_owners
+    if config.get("mode") not in option_owners("comm_hook"):
+        return None
+    c = {**option_defaults(), **config}
+    return {"hook": c["comm_hook"], "bucket_cap_mb": c["bucket_cap_mb"],
+            "powersgd_rank": c["powersgd_rank"] if c["comm_hook"] == "powersgd" else None,
+            "static_graph": c["static_graph"], "grad_as_bucket_view": c["grad_as_bucket_view"]}
 
 
 def _rank(process: Process, trace: Trace) -> dict:

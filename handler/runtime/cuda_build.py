@@ -81,6 +81,13 @@ def install_hint(driver: Optional[Tuple[int, int]]) -> str:
             "(scripts/setup.sh does this)")
 
 
+def dali_install_hint() -> str:
+    """The one DALI install hint (a missing DALI in --mode ddp_dali, scripts/gpu_check.py): the
+    build for this machine's driver, as scripts/setup.sh would choose it."""
+    package = choose_build(driver_cuda_version()).dali_package
+    return f"pip install {package} (the build for this machine's NVIDIA driver; scripts/setup.sh installs it)"
+
+
 def main() -> int:
     build = choose_build(driver_cuda_version(), os.environ.get("TORCH_INDEX_URL"))
     print(f"TORCH_INDEX_URL={shlex.quote(build.torch_index_url or '')}")

@@ -12,12 +12,14 @@ from ..runtime import cpu_memory
 def environment(cfg, notes, hosts=None) -> dict:
     """`hosts`: {rank: hostname} (dist.hostnames()); env.nodes counts the distinct hosts."""
     from ..runtime.devices import cuda_status
-    notes = [n for n in (cuda_status()[1], os.environ.get("HARNESS_PROFILE_NOTE"), *notes) if n]
+    fallback = cfg.dataset_fallback and f"--dataset auto ran SYNTHETIC data: {cfg.dataset_fallback}"
+    notes = [n for n in (cuda_status()[1], os.environ.get("HARNESS_PROFILE_NOTE"), fallback, *notes) if n]
     gpus = ([torch.cuda.get_device_name(i) for i in range(cfg.num_gpu)] if cfg.use_cuda else [])
     hosts = hosts or {0: platform.node()}
     return {"mode": cfg.mode, "world_size": cfg.world_size, "backend": cfg.backend,
             "hosts": {str(rank): name for rank, name in sorted(hosts.items())}, "nodes": len(set(hosts.values())),
             "device": "cuda" if cfg.use_cuda else "cpu", "gpus": gpus, "dataset": cfg.dataset,
+            "dataset_fallback": cfg.dataset_fallback or None,
             "torch": torch.__version__, "torchvision": package_version("torchvision"),
             "dali": dali_version(), "nsys": os.environ.get("HARNESS_NSYS") or None,
             "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),

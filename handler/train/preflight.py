@@ -61,7 +61,7 @@ def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
         ckpt = load_checkpoint(resume_path(cfg), "cpu")
     if not spawning:
         return cfg
-    if cfg.mode != "dp" and cfg.port:
+    if not mode.one_process and cfg.port:
         _check_port(cfg.host, cfg.port)  # early; the spawning process binds it later (DDP/processes.py held_store)
     cfg = prepare_dataset(cfg)
     splits = load_splits(cfg)  # reads every batch file: corrupt data fails here, named, before spawning

@@ -1,4 +1,4 @@
-"""A CPU-only machine is never taken for a GPU machine (issue 11), without a driver library and
+"""A CPU-only machine is never taken for a GPU machine, without a driver library and
 with the one an earlier scripts/install_nsys.sh installed: Debian's nsight-systems package
 brings an nvidia-smi that fails without a driver and a CUDA 12 libcuda, so torch warns that
 "the NVIDIA driver on your system is too old" (today's install unpacks nsys without them,

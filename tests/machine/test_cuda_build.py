@@ -141,3 +141,21 @@ def test_main_prints_the_build_for_the_drivers_cuda_as_shell_assignments(tmp_pat
     lines = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert set(lines) == {"TORCH_INDEX_URL", "TORCH_PINS", "DALI_PACKAGE", "REASON"}
     assert "cu126" in lines["TORCH_INDEX_URL"] and "cuda120" in lines["DALI_PACKAGE"] and "12.4" in lines["REASON"]
+
+
+def test_both_dali_install_hints_name_the_build_for_the_drivers_cuda(monkeypatch):
+    """--mode ddp_dali without DALI and scripts/gpu_check.py say the same, from one place."""
+    from handler.DALI.cifar10_loader import require_dali
+    from handler.runtime.errors import UserError
+    from scripts.gpu_check import no_dali_warning
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import nvidia.dali now fails
+    for driver, package in (((13, 0), "nvidia-dali-cuda130==2.4.0"), ((12, 4), "nvidia-dali-cuda120==2.4.0"),
+                            (None, "nvidia-dali-cuda120==2.4.0")):
+        # nvidia-smi is the boundary: no driver here, so its answer is given.
+        monkeypatch.setattr(cuda_build, "driver_cuda_version", lambda driver=driver: driver)
+        with pytest.raises(UserError) as failure:
+            require_dali()
+        hint = cuda_build.dali_install_hint()
+        assert hint.startswith(f"pip install {package} ") and "scripts/setup.sh" in hint
+        assert str(failure.value) == f"--mode ddp_dali needs NVIDIA DALI: {hint}"
+        assert no_dali_warning().endswith(f"SKIPPING every ddp_dali check ({hint})")

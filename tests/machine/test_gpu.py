@@ -1,6 +1,6 @@
 """End to end on GPUs: every mode through train_cifar.py at 1 GPU and at 2, fp16 with its
-GradScaler, resume on the GPU, the CUDA-event phase timers, and the GPU-only regressions of
-issues 12 and 19 (tests/test_gpu_defects*.py hold the ones a CPU can show).
+GradScaler, resume on the GPU, the CUDA-event phase timers, and the GPU-only regressions
+(tests/machine/test_gpu_defects*.py hold the ones a CPU can show).
 
 pp at 1 GPU runs one stage (schedule, micro-batches, evaluation, checkpoint gather); two stages
 cannot share a GPU, since NCCL refuses two ranks on one device ("Duplicate GPU detected"), so
@@ -93,8 +93,8 @@ def test_cuda_event_phase_timers_add_up_to_the_epochs_wall_time(data_root, tmp_p
 
 
 def test_a_training_step_never_synchronises_the_gpu():
-    # Issue 12 defect 7: a host value turned into a CUDA tensor every step blocked the CPU.
-    # Issue 19 item 3: with fp16, GradScaler.step read found_inf on the host (.item()) unless
+    # A host value turned into a CUDA tensor every step blocked the CPU.
+    # With fp16, GradScaler.step read found_inf on the host (.item()) unless
     # the optimiser is the fused SGD that fit() now builds, so the scaler here is live.
     from handler.train.config import Config
     from handler.train.loop import Step, _optimise
@@ -125,7 +125,7 @@ def test_a_training_step_never_synchronises_the_gpu():
 @pytest.mark.parametrize("gpus", [1, pytest.param(2, marks=pytest.mark.gpus(2))])
 @pytest.mark.parametrize("mode", ["dp", "ddp", "ddp_dali", "fsdp", "pp"])
 def test_every_mode_trains_with_every_flag_validate_accepts_for_it_on_gpus(mode, gpus, data_root, tmp_path):
-    # Issue 19 items 1 and 2 on GPUs (cuDNN's NHWC kernels, NCCL), with what only GPUs
+    # On GPUs: cuDNN's NHWC kernels and NCCL, with what only GPUs
     # accept: fp16 (pp: bf16) and --sync-bn. TORCH_DISTRIBUTED_DEBUG=DETAIL makes torch 2.14
     # compare pp's stage input strides as 2.6-2.11 always did.
     from tests.training.test_toolbox import TINY, accepted_flags

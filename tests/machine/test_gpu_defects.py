@@ -1,4 +1,4 @@
-"""Regression tests for the GPU-path defects of issue 12, each shown on CPU where the
+"""Regression tests for the first GPU-path defects, each shown on CPU where the
 defect can be shown there (the GPU-only ones are in tests/machine/test_gpu.py)."""
 import copy
 from contextlib import nullcontext

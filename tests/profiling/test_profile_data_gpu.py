@@ -1,4 +1,4 @@
-"""DALI's and nvJPEG's GPU work is `data_gpu`, not the training thread's forward (issue 19 item 8).
+"""DALI's and nvJPEG's GPU work is `data_gpu`, not the training thread's forward.
 
 On a copy of the real 2026.2 export with DALI-like threads, kernels and copies added in its own
 schema, and on a real ddp_dali capture (CPU, nsys 2022.4, DALI 2.4) for DALI's thread names.

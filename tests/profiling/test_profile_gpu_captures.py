@@ -1,4 +1,4 @@
-"""Issue 19, items 6-8, on real GPU captures: scripts/launch.sh under nsys, then the summary.
+"""The GPU-only profile analysis on real GPU captures: scripts/launch.sh under nsys, then the summary.
 
 All `gpu`-marked (scripts/gpu_check.sh runs them); they also need nsys. The CPU tests
 (tests/profiling/test_profile_pp_gpu.py, _gpu_metrics_device.py, _data_gpu.py) check the same rules on

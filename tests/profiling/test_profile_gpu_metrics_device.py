@@ -1,5 +1,5 @@
 """GPU metrics are those of the GPU a rank used: nsys keys them by its own GPU id, CUPTI's
-deviceId is the process's CUDA ordinal, and TARGET_INFO_CUDA_DEVICE links them (issue 19 item 7).
+deviceId is the process's CUDA ordinal, and TARGET_INFO_CUDA_DEVICE links them.
 
 Neither real export has that table, so copies get it (and GPU metrics) in nsys' column layout,
 with GPU ids made to differ from the CUDA ordinals as under CUDA_VISIBLE_DEVICES=2,3.

@@ -1,5 +1,5 @@
 """The pp bubble on GPU traces comes from each stage's kernels, not from `fwd`/`bwd`/`recv`
-ranges that only time launches (NCCL's wait() only makes the stream wait); issue 19 item 6.
+ranges that only time launches (NCCL's wait() only makes the stream wait).
 
 On a copy of the real 2026.2 export (two processes, real kernels and NCCL send/recv) with pp
 ranges added, and on a hand-built stage whose numbers are known exactly. Expected numbers come

@@ -18,7 +18,7 @@ from bench.comm_model import (check, fit, predict_comm, predict_hosts, predict_s
 from handler.compare.__main__ import load_comm_bench
 from handler.compare.cells import Variant, sweep_hooks
 from handler.compare.plots import write_plots
-from handler.train.config import COMM_HOOKS
+from handler.DDP.options import COMM_HOOKS
 from handler.runtime.errors import UserError
 from tests.conftest import ROOT, run_process
 

@@ -121,6 +121,16 @@ def test_launch_twice_in_a_row_keeps_both_runs_and_resume_continues_the_newest(l
     assert "resumed from" in runs[-1].stdout
 
 
+def test_each_launch_keeps_the_earlier_launches_metrics_under_their_time(launched_twice):
+    tmp_path, runs = launched_twice
+    earlier = sorted((tmp_path / "logs" / "earlier" / "dp_cpu1").iterdir())
+    assert len(earlier) == 2, earlier  # the first and the second launch's, moved by the next one
+    assert all(f"the earlier dp_cpu1 run's results: {folder}" in run.stderr for folder, run in zip(earlier, runs[1:]))
+    firsts = [json.loads((folder / "dp_cpu1.metrics.json").read_text()) for folder in earlier]
+    assert [len(m["epochs"]) for m in firsts] == [1, 1]
+    assert len(json.loads((tmp_path / "logs" / "dp_cpu1.metrics.json").read_text())["epochs"]) == 2  # the newest
+
+
 def test_profile_auto_without_nsys_warns_and_runs_unprofiled(tmp_path):
     failing_installer = tmp_path / "no_install.sh"
     failing_installer.write_text("exit 1\n")  # never the real installer in a test (it would run apt-get as root)

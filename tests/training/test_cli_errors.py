@@ -4,6 +4,8 @@ import sys
 import pytest
 
 import train_cifar
+from handler.DALI.options import DaliOptions
+from handler.PP.options import PipelineOptions
 from handler.modes import parse_config
 from handler.runtime.errors import UserError
 from tests.conftest import SMALL, error_lines, run_cli
@@ -109,7 +111,7 @@ def test_ddp_dali_without_dali_installed_says_how_to_install(monkeypatch, tmp_pa
 def test_one_modes_options_are_taken_by_that_mode():
     pp = parse_config(["--mode", "pp", "--num_gpu", "2", "--batch-size", "64", "--pp-schedule", "gpipe",
                        "--microbatches", "8"], cuda_count=0)
-    assert (pp.pp_schedule, pp.microbatches) == ("gpipe", 8)
-    assert parse_config(["--mode", "ddp_dali", "--dali-source", "raw"], cuda_count=0).dali_source == "raw"
+    assert (PipelineOptions.of(pp).pp_schedule, PipelineOptions.of(pp).microbatches) == ("gpipe", 8)
+    assert DaliOptions.of(parse_config(["--mode", "ddp_dali", "--dali-source", "raw"], cuda_count=0)).dali_source == "raw"
     # The defaults, spelt out, are no change: any mode takes them.
     assert parse_config(["--mode", "ddp", "--pp-schedule", "1f1b", "--microbatches", "4"], cuda_count=0).mode == "ddp"

@@ -15,6 +15,7 @@ from handler.runtime.errors import UserError
 from handler.DDP.checkpoint import HookedState
 from handler.DDP.comm_hook import CommHook, check_backend_carries, in_ranges
 from handler.DDP.model import model_to_DDP
+from handler.DDP.options import CommOptions
 from handler.DDP.powersgd import _settle
 from models import build_model
 from tests.conftest import read_metrics, run_cli, two_epoch_args
@@ -41,9 +42,10 @@ def test_comm_options_parse_for_the_ddp_modes():
     cfg = parse_config(["--mode", "ddp_dali", "--comm-hook", "powersgd", "--powersgd-rank", "4",
                         "--powersgd-warmup", "3", "--bucket-cap-mb", "1.5", "--static-graph",
                         "--grad-as-bucket-view"], cuda_count=0)
-    assert (cfg.comm_hook, cfg.powersgd_rank, cfg.powersgd_warmup, cfg.bucket_cap_mb) == ("powersgd", 4, 3, 1.5)
-    assert cfg.static_graph and cfg.grad_as_bucket_view
-    assert parse_config([], cuda_count=0).comm_hook == "allreduce"
+    comm = CommOptions.of(cfg)
+    assert (comm.comm_hook, comm.powersgd_rank, comm.powersgd_warmup, comm.bucket_cap_mb) == ("powersgd", 4, 3, 1.5)
+    assert comm.static_graph and comm.grad_as_bucket_view
+    assert CommOptions.of(parse_config([], cuda_count=0)).comm_hook == "allreduce"
     with pytest.raises(UserError):
         parse_config(["--mode", "fsdp", "--bucket-cap-mb", "25.0001"], cuda_count=0)
 
@@ -104,7 +106,7 @@ def test_profiled_run_marks_every_bucket_with_each_hook(hook, group, monkeypatch
     torch.manual_seed(0)
     raw = build_model("resnet20", 10)
     exact = copy.deepcopy(raw)
-    ddp = model_to_DDP(raw, comm=CommHook(name=hook, powersgd_warmup=2, bucket_cap_mb=0.1))
+    ddp = model_to_DDP(raw, comm=CommHook(CommOptions(comm_hook=hook, powersgd_warmup=2, bucket_cap_mb=0.1)))
     x, y = _batches(1, seed=1)[0]
     for _ in range(3):  # the third step is PowerSGD's first compressed one
         raw.zero_grad()
@@ -140,7 +142,7 @@ def _batches(n, seed):
 
 def _powersgd_model(seed_model, cap_mb):
     raw = copy.deepcopy(seed_model)
-    comm = CommHook(name="powersgd", powersgd_warmup=2, bucket_cap_mb=cap_mb)
+    comm = CommHook(CommOptions(comm_hook="powersgd", powersgd_warmup=2, bucket_cap_mb=cap_mb))
     return model_to_DDP(raw, comm=comm), raw, comm
 
 
@@ -230,7 +232,7 @@ def test_a_powersgd_checkpoint_resumed_with_another_hook_says_its_state_is_unuse
     _train(ddp, raw, _batches(3, seed=1))
     opt = torch.optim.SGD(raw.parameters(), lr=0.05)
     ckpt = {"model": raw.state_dict(), "optimizer": opt.state_dict(), "comm_hook": comm.state_dict()}
-    HookedState(CommHook(name="allreduce")).restore(ckpt, "last.pt", raw, opt)
+    HookedState(CommHook(CommOptions(comm_hook="allreduce"))).restore(ckpt, "last.pt", raw, opt)
     assert capsys.readouterr().err == ("note: the checkpoint's powersgd state is not used with "
                                        "--comm-hook allreduce\n")
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)")
 
-from handler.data.augment import MEAN, STD  # noqa: E402
+from handler.data.augment import MEAN, PAD, STD, crop_flip, eval_transform  # noqa: E402
 from handler.train.config import Config  # noqa: E402
 from handler.data.dataset import Splits  # noqa: E402
 from handler.runtime.devices import cuda_status  # noqa: E402
@@ -21,6 +21,7 @@ from handler.runtime.errors import UserError  # noqa: E402
 from handler.data.synthetic import make_images  # noqa: E402
 from handler.DALI import derived  # noqa: E402
 from handler.DALI.cifar10_loader import get_DALI_loader, require_dali, resolve_source  # noqa: E402
+from handler.DALI.options import DaliOptions  # noqa: E402
 
 SCALE = torch.tensor(STD).view(3, 1, 1) * 255
 OFFSET = torch.tensor(MEAN).view(3, 1, 1) * 255
@@ -31,6 +32,11 @@ def config(tmp_path, world=1, rank=0, local_batch=8, cutout=0, use_cuda=False):
     return Config(mode="ddp_dali", seed=0, workers=1, batch_size=local_batch * world, world_size=world,
                   rank=rank, data=str(tmp_path), cutout=cutout, valid_size=0, use_cuda=use_cuda,
                   device="cuda:0" if use_cuda else "cpu")
+
+
+def dali_loader(cfg, data, source):
+    """The loaders for one --dali-source: the source is the config's option, its one way in."""
+    return get_DALI_loader(cfg.with_section(DaliOptions(dali_source=source)), data)
 
 
 def identity_images(n):
@@ -84,7 +90,7 @@ def passes(loaders, epochs=2):
 @pytest.mark.parametrize("world, n", [(2, 101), (3, 100)])  # neither divides by world * 8
 def test_training_shards_cover_the_split_with_equal_batch_counts(tmp_path, world, n, source):
     data = splits(identity_images(n))
-    loaders = [get_DALI_loader(config(tmp_path, world, rank), data, source=source).train for rank in range(world)]
+    loaders = [dali_loader(config(tmp_path, world, rank), data, source).train for rank in range(world)]
     for seen, counts in passes(loaders):
         assert len(set(counts)) == 1, f"ranks ran {counts} batches: DDP would hang"
         assert set(seen) == set(range(n))
@@ -97,7 +103,7 @@ def test_training_shards_cover_the_split_with_equal_batch_counts(tmp_path, world
 @pytest.mark.parametrize("world, n", [(2, 97), (3, 49)])
 def test_shards_that_differ_by_one_still_give_equal_full_batches(tmp_path, world, n, source):
     data = splits(identity_images(n))
-    loaders = [get_DALI_loader(config(tmp_path, world, rank), data, source=source).train for rank in range(world)]
+    loaders = [dali_loader(config(tmp_path, world, rank), data, source).train for rank in range(world)]
     for seen, counts in passes(loaders):
         assert len(set(counts)) == 1, f"ranks ran {counts} batches: DDP would hang"
         assert len(seen) == counts[0] * 8 * world and len(set(seen)) >= n - world
@@ -106,7 +112,7 @@ def test_shards_that_differ_by_one_still_give_equal_full_batches(tmp_path, world
 @pytest.mark.parametrize("source", ["memory", "raw"])
 def test_an_epoch_rebuilt_after_a_restart_replays_the_same_batches(tmp_path, source):
     data = splits(identity_images(60))
-    original, restarted = (get_DALI_loader(config(tmp_path, cutout=8), data, source=source).train for _ in range(2))
+    original, restarted = (dali_loader(config(tmp_path, cutout=8), data, source).train for _ in range(2))
     for epoch in range(2):
         run_pass(original, epoch)
     original.set_epoch(2)
@@ -123,7 +129,7 @@ def test_evaluation_yields_every_test_image_exactly_once(tmp_path, world, source
     data = splits(identity_images(60), test=identity_images(n))
     seen = []
     for rank in range(world):
-        loader = get_DALI_loader(config(tmp_path, world, rank), data, source=source).test
+        loader = dali_loader(config(tmp_path, world, rank), data, source).test
         for epoch in range(2):
             ids, _, _, batches = run_pass(loader, epoch)
             assert batches == len(loader)
@@ -146,7 +152,7 @@ class CountImages(torch.nn.Module):
 def test_every_rank_validates_every_image_on_every_epoch(tmp_path, source):
     from handler.train.loop import evaluate
     data = Splits(train=identity_images(40), valid=identity_images(101), test=identity_images(20), classes=[])
-    loaders = [get_DALI_loader(config(tmp_path, 2, rank, local_batch=10), data, source=source).valid
+    loaders = [dali_loader(config(tmp_path, 2, rank, local_batch=10), data, source).valid
                for rank in range(2)]
     assert [len(loader) for loader in loaders] == [5, 6]
     for epoch in range(3):
@@ -158,7 +164,7 @@ def test_every_rank_validates_every_image_on_every_epoch(tmp_path, source):
 
 @pytest.mark.parametrize("source", ["memory", "raw", "jpeg"])
 def test_labels_stay_aligned_with_images(tmp_path, source):
-    loaders = get_DALI_loader(config(tmp_path), splits(identity_images(120)), source=source)
+    loaders = dali_loader(config(tmp_path), splits(identity_images(120)), source)
     for loader in (loaders.train, loaders.test):
         ids, pixel_labels, labels, _ = run_pass(loader)
         assert labels == pixel_labels
@@ -177,7 +183,7 @@ def probe_images(n):
 @pytest.mark.parametrize("source", ["memory", "raw"])
 def test_crop_shifts_span_minus4_to_4_and_half_the_images_flip(tmp_path, source):
     n = 512
-    loader = get_DALI_loader(config(tmp_path, local_batch=64), splits(probe_images(n)), source=source).train
+    loader = dali_loader(config(tmp_path, local_batch=64), splits(probe_images(n)), source).train
     shifts, flips = [], 0
     for images, _ in loader:
         for image in pixels(images).round():
@@ -198,12 +204,76 @@ def test_crop_shifts_span_minus4_to_4_and_half_the_images_flip(tmp_path, source)
     assert abs(flips - n / 2) < 60  # binomial sd ~11
 
 
+def noise_images(n):
+    """Random pixels (no two crops of one image alike), each labelled with its own index."""
+    return np.random.default_rng(7).integers(1, 256, (n, 32, 32, 3), dtype=np.uint8), np.arange(n)
+
+
+def reference(image, top, left, flip):
+    """handler/data/augment.py's crop and flip, normalised as the evaluation transform does."""
+    return eval_transform()(crop_flip(image, top, left, flip))
+
+
+def test_memory_source_crops_and_flips_as_the_reference_does_for_the_same_draws(tmp_path):
+    """Exact: BatchFeed draws each image's window and flip; DALI's crop_mirror_normalize must
+    cut the window crop_flip cuts for those draws."""
+    from types import SimpleNamespace
+    from handler.DALI.pipeline import BatchFeed, CifarPipeline, DALILoader
+    images, labels = noise_images(48)
+    cfg, order = config(tmp_path, local_batch=16), np.random.default_rng(1).permutation(48)
+    pipes = []
+    loader = DALILoader(lambda epoch: pipes.append(CifarPipeline(cfg, images, labels, order, source="memory", train=True))
+                        or pipes[-1], samples=48, batch=16)
+    feed = BatchFeed(images, labels, order, 16, train=True, seed=pipes[0].seed)
+    for i, (out, y) in enumerate(loader):
+        _, fed, pos_x, pos_y, mirror = feed(SimpleNamespace(iteration=i))
+        assert y.tolist() == fed.tolist()
+        tops, lefts = (pos * 2 * PAD for pos in (pos_y, pos_x))
+        assert np.array_equal(tops, np.rint(tops)) and np.array_equal(lefts, np.rint(lefts)), "not whole pixels"
+        tops, lefts = tops.astype(int), lefts.astype(int)
+        expected = torch.stack([reference(images[k], t, l, bool(f)) for k, t, l, f in zip(fed, tops, lefts, mirror)])
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    assert i == 2
+    # The draws themselves: RandomCrop's and RandomHorizontalFlip's distribution (uniform offsets,
+    # p = 0.5), as the file source's test below checks for DALI's own draws.
+    many = BatchFeed(np.zeros((512, 32, 32, 3), np.uint8), np.zeros(512), np.arange(512), 512, train=True, seed=3)
+    _, _, pos_x, pos_y, mirror = many(SimpleNamespace(iteration=0))
+    assert_uniform([*(np.rint(pos * 2 * PAD).astype(int) for pos in (pos_y, pos_x)), mirror])
+
+
+def assert_uniform(draws) -> None:
+    """[tops, lefts, flips] of n images: every offset 0..2*PAD about n/9 times, about n/2 flips."""
+    n = len(draws[0])
+    for drawn in draws[:2]:  # expected n/9 each, sd 5.0 at n = 256: within 4 sd
+        assert drawn.min() >= 0 and drawn.max() <= 2 * PAD
+        counts = np.bincount(drawn, minlength=2 * PAD + 1)
+        assert np.all(np.abs(counts - n / 9) <= 4 * np.sqrt(n * 8 / 81)), counts
+    assert abs(draws[2].sum() - n / 2) <= 5 * np.sqrt(n / 4)
+
+
+def test_file_source_crops_and_flips_are_the_references_drawn_uniformly(tmp_path):
+    """Same distribution: DALI draws inside its graph, so each output must be exactly the
+    reference for one (top, left, flip), and those must spread uniformly."""
+    n = 256
+    images, labels = noise_images(n)
+    loader = dali_loader(config(tmp_path, local_batch=64), splits((images, labels)), "raw").train
+    draws = []
+    for out, y in loader:
+        for image, k in zip(pixels(out).round().to(torch.uint8).permute(0, 2, 3, 1).numpy(), y.tolist()):
+            matches = [(t, l, f) for t in range(2 * PAD + 1) for l in range(2 * PAD + 1) for f in (False, True)
+                       if np.array_equal(image, crop_flip(images[k], t, l, f))]
+            assert len(matches) == 1, f"image {k}: {len(matches)} reference crops match"
+            draws += matches
+    assert len(draws) == n
+    assert_uniform([np.array(column, dtype=int) for column in zip(*draws)])
+
+
 @pytest.mark.parametrize("source", ["memory", "raw"])
 def test_cutout_zeroes_one_square_centred_on_a_uniform_pixel(tmp_path, source):
     size, n = 8, 256
     images = np.full((n, 32, 32, 3), GREY, np.uint8)  # normalised grey is nonzero in every channel
-    loader = get_DALI_loader(config(tmp_path, local_batch=64, cutout=size),
-                             splits((images, np.zeros(n, np.int64))), source=source).train
+    loader = dali_loader(config(tmp_path, local_batch=64, cutout=size),
+                         splits((images, np.zeros(n, np.int64))), source).train
     full, clipped = 0, {"top": 0, "bottom": 0, "left": 0, "right": 0}
     for batch, _ in loader:
         for image in batch:
@@ -233,8 +303,7 @@ def test_evaluation_equals_the_torchvision_eval_transform(tmp_path):
     images, labels = make_images(40, np.random.default_rng(0))
     reference = torch.stack([torchvision_eval()(Image.fromarray(im)) for im in images])
     for source, tolerance in (("memory", 1e-5), ("raw", 1e-5), ("jpeg", None)):
-        out = torch.cat([x for x, _ in get_DALI_loader(config(tmp_path), splits((images, labels)),
-                                                         source=source).test])
+        out = torch.cat([x for x, _ in dali_loader(config(tmp_path), splits((images, labels)), source).test])
         if tolerance:
             torch.testing.assert_close(out, reference, atol=tolerance, rtol=0)
         else:  # JPEG q95 is lossy: a few grey levels on these noisy images (docs/DALI.md)
@@ -284,7 +353,7 @@ def test_gpu_pipeline_matches_the_cpu_pipeline(tmp_path, source):
     outputs = []
     for use_cuda in (False, True):
         cfg = config(tmp_path, use_cuda=use_cuda)
-        batches = list(get_DALI_loader(cfg, splits((images, labels)), source=source).test)
+        batches = list(dali_loader(cfg, splits((images, labels)), source).test)
         device = "cuda" if use_cuda else "cpu"
         assert all(x.device.type == device and y.device == x.device for x, y in batches)
         outputs.append(pixels(torch.cat([x for x, _ in batches])))

@@ -11,6 +11,7 @@ from handler.data.cifar_files import FOLDER, read_cifar
 from handler.train.config import Config
 from handler.data.dataset import prepare_dataset, split_indices
 from handler.runtime.errors import UserError
+from tests.conftest import read_metrics, run_cli
 
 
 def write_by_hand(root, sizes, n_test, classes):
@@ -111,6 +112,24 @@ def test_auto_falls_back_to_synthetic_loudly_and_never_writes_into_the_real_fold
     assert "SYNTHETIC" in capsys.readouterr().err
     assert not (tmp_path / FOLDER).exists()
     assert read_cifar(cfg.dataset_dir).train_x.shape[0] == 50
+
+
+def test_a_run_whose_auto_dataset_fell_back_to_synthetic_says_so_in_its_metrics(tmp_path, two_epoch_run):
+    """env.dataset alone reads the same for an asked-for synthetic set (docs/METRICS.md)."""
+    tiny = ["--mode", "dp", "--num_gpu", "1", "--epochs", "1", "--model", "resnet20", "--batch-size", "32",
+            "--synthetic-train", "64", "--synthetic-test", "32", "--valid-size", "0", "--workers", "0",
+            "--no-progress", "--save", "none", "--dataset", "auto", "--data", tmp_path / "data",
+            "--ckpt", tmp_path / "ckpt", "--metrics", tmp_path / "metrics.json"]
+    dead = {"CIFAR10_URL": "http://127.0.0.1:9/cifar-10-python.tar.gz"}  # nothing listens
+    run = run_cli(tiny, env=dead, budget=15)
+    assert run.returncode == 0, run.stderr[-2000:]
+    fell_back = read_metrics(tmp_path / "metrics.json")["env"]
+    _, folder = two_epoch_run("dp")  # --dataset synthetic: asked for
+    asked = read_metrics(folder / "metrics.json")["env"]
+    assert fell_back["dataset"] == asked["dataset"] == "synthetic"
+    assert asked["dataset_fallback"] is None and not any("SYNTHETIC" in note for note in asked["notes"])
+    assert "Connection refused" in fell_back["dataset_fallback"]  # the reason: the download that failed
+    assert any(note.startswith("--dataset auto ran SYNTHETIC data: ") for note in fell_back["notes"])
 
 
 def test_cifar10_offline_without_data_is_a_clear_error(tmp_path, monkeypatch):

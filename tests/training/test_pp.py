@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from handler.modes import parse_config
 from handler.runtime.errors import UserError
 from handler.profiling.bubble import theoretical_bubble
+from handler.PP.options import PipelineOptions
 from handler.PP.stages import balanced_split, describe, stage_groups_to_blocks, unit_params
 from handler.PP.timing import TimingCache, cache_key, device_name
 from tests.conftest import ROOT, free_port, read_metrics, run_cli
@@ -162,8 +163,9 @@ def test_pp_split_outside_pp_gives_one_line():
 
 def test_pp_batch_is_global_per_stage():
     cfg = parse_config(["--mode", "pp", "--num_gpu", "2", "--batch-size", "64"], cuda_count=0)
-    assert cfg.local_batch == 64 and cfg.world_size == 2 and cfg.pp_schedule == "1f1b" and cfg.microbatches == 4
-    assert cfg.pp_split == "time"
+    pp = PipelineOptions.of(cfg)
+    assert cfg.local_batch == 64 and cfg.world_size == 2 and pp.pp_schedule == "1f1b" and pp.microbatches == 4
+    assert pp.pp_split == "time"
 
 
 # 128 training images (4 batches of 32), 40 test images: every number divides, so pp

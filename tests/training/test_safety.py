@@ -1,4 +1,4 @@
-"""A run never destroys good state (issue 14): a diverging run stops before it saves,
+"""A run never destroys good state: a diverging run stops before it saves,
 a fresh start never replaces an earlier run's checkpoints, and emulated bf16 is named."""
 import hashlib
 import shutil

@@ -72,7 +72,7 @@ TOOLBOX = (("--channels-last",), ("--accum-steps", "2"), ("--activation-checkpoi
            ("--amp", "fp16"), ("--dp-balanced",), ("--sync-bn",))
 ALL_MODES = ("dp", "ddp", "ddp_dali", "fsdp", "pp")
 # One step of 16 images, in 2 micro-batches per process (pp: 4): bf16 is emulated on most
-# CPUs (issue 11, 45x the fp32 time of a convolution here), so the work stays this small.
+# CPUs (45x the fp32 time of a convolution here), so the work stays this small.
 TINY = ["--synthetic-train", 16, "--synthetic-test", 8, "--batch-size", 16, "--valid-size", 0]
 
 

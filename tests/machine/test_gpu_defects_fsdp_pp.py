@@ -1,4 +1,4 @@
-"""Regression tests for the GPU-path defects of issue 19 that a CPU can show (fsdp and pp
+"""Regression tests for the later GPU-path defects that a CPU can show (fsdp and pp
 with --channels-last: tests/training/test_toolbox.py; the GPU-only ones: tests/machine/test_gpu.py)."""
 import random
 import sys
