@@ -99,7 +99,7 @@ def emit(name: str, results: dict, args, text: str, started: dict) -> dict:
 
 
 def make_optimizer(model):
-    """The trainer's recipe (handler/train/trainer.py): SGD, Nesterov momentum, weight decay."""
+    """The trainer's recipe (handler/train/optimizer.py): SGD, Nesterov momentum, weight decay."""
     import torch
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
 
@@ -110,7 +110,7 @@ def make_step(model, steps_per_epoch: int):
 
     import torch
     from handler.train.loop import Step
-    from handler.train.trainer import warmup_cosine
+    from handler.train.build import warmup_cosine
     optimizer = make_optimizer(model)
     return Step(model=model, optimizer=optimizer, scheduler=warmup_cosine(optimizer, steps_per_epoch, 100),
                 scaler=torch.amp.GradScaler("cpu", enabled=False), autocast=nullcontext)

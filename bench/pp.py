@@ -30,7 +30,7 @@ import torch
 from bench.common import check_target, context, emit, fixed_batches, make_step, parser, ratio, table
 from handler.runtime.cpu_memory import keep_freed_memory
 from handler.train.loop import _optimise
-from handler.DDP.utils import destroy_process, held_store, initialize_group, run_process
+from handler.DDP.processes import destroy_process, held_store, initialize_group, run_process
 from handler.profiling.bubble import theoretical_bubble
 from handler.PP.schedule import Pipeline, model_to_pipeline
 from handler.PP.step import pipeline_step

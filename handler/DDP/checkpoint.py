@@ -2,7 +2,7 @@
 memory (PowerSGD's error feedback and low-rank factors) when it has any."""
 import sys
 
-import torch.distributed as dist
+import torch.distributed as tdist
 
 from ..train.checkpoint import PlainState
 
@@ -24,5 +24,5 @@ class HookedState(PlainState):
 
 
 def _say_once(text: str) -> None:
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if not tdist.is_initialized() or tdist.get_rank() == 0:
         print(text, file=sys.stderr, flush=True)

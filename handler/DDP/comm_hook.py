@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce_hook, bf16_compress_hook,
                                                                        fp16_compress_hook)
 
@@ -102,9 +102,9 @@ class CommHook:
 def check_backend_carries(dtype: torch.dtype, hook: str) -> None:
     """One all-reduce of a single element in `dtype`: a backend that cannot carry it (gloo
     before half-precision support) fails here in one line, not inside backward."""
-    probe = torch.ones(1, dtype=dtype, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    probe = torch.ones(1, dtype=dtype, device="cuda" if tdist.get_backend() == "nccl" else "cpu")
     try:
-        dist.all_reduce(probe)
+        tdist.all_reduce(probe)
     except RuntimeError as err:
-        raise UserError(f"--comm-hook {hook}: the {dist.get_backend()} backend cannot all-reduce {dtype} "
+        raise UserError(f"--comm-hook {hook}: the {tdist.get_backend()} backend cannot all-reduce {dtype} "
                         f"({str(err).splitlines()[0][:120]}); use --comm-hook powersgd or allreduce") from None

@@ -1,17 +1,28 @@
 """--mode ddp: one process per device, DistributedDataParallel, torch DataLoaders."""
+import dataclasses
 from functools import partial
 
+from ..runtime.dist import launched_by_torchrun
 from ..train.mode import Mode
 from .model import SYNC_BN_NOTE
 from .options import CommOptions, check_comm
 
 
 def launch(strategy_for):
-    """The entry of every mode that trains as a Strategy with one process per rank."""
-    def run(cfg) -> None:
-        from .run import run as run_ranks
-        run_ranks(cfg, strategy_for(cfg))
-    return run
+    """The entry (Mode.run) of every mode that trains as a Strategy with one process per rank
+    (ddp, ddp_dali, fsdp, pp): each rank runs `worker` (run.py). The call map from the command
+    line to `fit` is in handler/DDP/__init__.py."""
+    def start(cfg) -> None:
+        from .processes import held_store, run_process
+        from .run import worker  # on call: reading the mode table loads no trainer
+        strategy = strategy_for(cfg)
+        if launched_by_torchrun():  # torchrun started this process as one of the ranks
+            worker(0, cfg, strategy)
+            return
+        with held_store(cfg.host, cfg.port) as port:  # the ranks' rendezvous store, held here
+            run_process(worker, (dataclasses.replace(cfg, port=port), strategy), nprocs=cfg.world_size,
+                        use_cuda=cfg.use_cuda)
+    return start
 
 
 def strategy(cfg, make_loaders=None):

@@ -17,10 +17,10 @@ from collections import OrderedDict
 from typing import Any, List, Optional
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from handler.runtime import dist as harness_dist
+from ..runtime import dist
 
 MIN_COMPRESSION_RATE = 2  # torch's default: compress a gradient only if that at least halves it
 # torch's default 0 turns a gradient with an all-zero column (a layer that got no signal this
@@ -118,10 +118,10 @@ class PowerSGD:
             self._to_pool(index)  # the next step takes it back from the pool
         mine = {name: {k: (v.detach().cpu().clone() if v is not None else None) for k, v in piece.items()}
                 for name, piece in self.pool.items()}
-        ranks: Optional[List[Any]] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(mine, ranks, dst=0, group=harness_dist.cpu_group())
+        ranks: Optional[List[Any]] = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else None
+        tdist.gather_object(mine, ranks, dst=0, group=dist.cpu_group())
         return {"name": "powersgd", "iter": self.state.iter, "rank": self.state.matrix_approximation_rank,
-                "world_size": dist.get_world_size(), "ranks": ranks}
+                "world_size": tdist.get_world_size(), "ranks": ranks}
 
     def load_state_dict(self, saved, say) -> None:
         if not saved or saved.get("name") != "powersgd":
@@ -129,7 +129,7 @@ class PowerSGD:
                 f"{self.state.start_powerSGD_iter} steps of plain all-reduce")
             return
         self.state.iter = saved["iter"]
-        world, rank = dist.get_world_size(), dist.get_rank()
+        world, rank = tdist.get_world_size(), tdist.get_rank()
         if saved["world_size"] == world:
             pool = saved["ranks"][rank]
         else:  # the mean error keeps the all-reduced sum of errors the same on any world size

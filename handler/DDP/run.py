@@ -1,4 +1,5 @@
-"""The DDP modes' entry: start (or join) the ranks, then train with the shared loop."""
+"""What every rank of the DDP-family modes runs: join the group, train with the shared
+loop, leave. handler/DDP/mode.py `launch` starts the ranks; handler/DDP/__init__.py maps it."""
 import dataclasses
 import os
 import socket
@@ -9,17 +10,7 @@ from ..data.dataset import data_lock, prepare_dataset
 from ..runtime.errors import one_line_errors
 from ..train.trainer import fit
 from . import flight_recorder, peers
-from .utils import (destroy_process, elastic_restart_count, held_store, initialize_group, launched_by_torchrun,
-                    run_process, store_address)
-
-
-def run(cfg, strategy) -> None:
-    if launched_by_torchrun():
-        worker(0, cfg, strategy)
-    else:
-        with held_store(cfg.host, cfg.port) as port:
-            run_process(worker, (dataclasses.replace(cfg, port=port), strategy), nprocs=cfg.world_size,
-                        use_cuda=cfg.use_cuda)
+from .processes import destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, store_address
 
 
 def worker(proc_id: int, cfg, strategy) -> None:
@@ -27,7 +18,7 @@ def worker(proc_id: int, cfg, strategy) -> None:
         if launched_by_torchrun():
             cfg = _torchrun_preparation(cfg)
         flight_recorder.enable(cfg.ckpt, use_cuda=cfg.use_cuda)  # before the group: torch reads the settings then
-        me = initialize_group(proc_id, cfg.host, cfg.port, cfg.num_gpu,
+        me = initialize_group(proc_id, cfg.host, cfg.port, world_size=cfg.world_size,
                               use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout, store_held=True)
         try:
             cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))

@@ -8,7 +8,8 @@ from torch import nn
 from ..runtime import rank0
 from ..train.model_options import cross_entropy
 from ..train.strategy import Strategy
-from ..train.trainer import autocast_for, fit
+from ..train.build import autocast_for
+from ..train.trainer import fit
 from ..DDP.cifar10_loader import get_DDP_loader
 from .balanced import LossInside, replica_cross_entropy
 from .options import DPOptions

@@ -6,7 +6,7 @@ average probe (one tiny collective at wrap time) runs on every release and chang
 nothing where gloo averages.
 """
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 
@@ -42,15 +42,15 @@ def gloo_reduce_policy() -> MixedPrecisionPolicy:
     pytorch#149781 accepts AVG and silently sums, which multiplies every gradient by the
     world size. Reducing in float64 makes FSDP2 take its SUM path with an explicit
     division (the one it uses for fp16): the same average, exactly."""
-    if dist.get_backend() != "gloo" or _gloo_reduce_scatter_averages():
+    if tdist.get_backend() != "gloo" or _gloo_reduce_scatter_averages():
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(reduce_dtype=torch.float64)
 
 
 def _gloo_reduce_scatter_averages() -> bool:
     """One reduce-scatter of ones over the group (a collective: every rank asks)."""
-    world = dist.get_world_size()
+    world = tdist.get_world_size()
     out = torch.zeros(1)
-    reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-    reduce_scatter(out, torch.ones(world), op=dist.ReduceOp.AVG)
+    reduce_scatter = getattr(tdist, "reduce_scatter_single", tdist.reduce_scatter_tensor)
+    reduce_scatter(out, torch.ones(world), op=tdist.ReduceOp.AVG)
     return out.item() == 1.0

@@ -6,7 +6,7 @@ returns one per operation. 1F1B batches a send with a receive, so on gloo a stag
 on before its send had finished and both stages waited for each other for ever. 2.8
 (pytorch#152938) waits on them all; this does the same where that fix is missing.
 """
-import torch.distributed as dist
+import torch.distributed as tdist
 from torch.distributed.pipelining import schedules
 
 
@@ -23,7 +23,7 @@ class _AllWorks:
 def _batch_p2p_waiting_for_all(p2p_ops, desc=None):
     if not p2p_ops:
         return None
-    return _AllWorks(dist.batch_isend_irecv(p2p_ops))
+    return _AllWorks(tdist.batch_isend_irecv(p2p_ops))
 
 
 def patch_batch_p2p() -> None:

@@ -57,12 +57,12 @@ def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
     mode.preflight(cfg)
     ckpt = None
     if cfg.resume is not None:
-        from .trainer import check_compatible, resume_path
+        from .build import check_compatible, resume_path
         ckpt = load_checkpoint(resume_path(cfg), "cpu")
     if not spawning:
         return cfg
     if not mode.one_process and cfg.port:
-        _check_port(cfg.host, cfg.port)  # early; the spawning process binds it later (DDP/utils.py held_store)
+        _check_port(cfg.host, cfg.port)  # early; the spawning process binds it later (DDP/processes.py held_store)
     cfg = prepare_dataset(cfg)
     splits = load_splits(cfg)  # reads every batch file: corrupt data fails here, named, before spawning
     if ckpt is not None:

@@ -1,4 +1,5 @@
-"""What a mode tells the shared training loop: the only way modes differ."""
+"""What a mode hands the shared training run (`fit`, handler/train/trainer.py): the only way
+modes differ once their processes have started."""
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Tuple
 
@@ -12,6 +13,11 @@ from .model_options import cross_entropy
 
 @dataclass(frozen=True, kw_only=True)
 class Strategy:
+    """Two fields every mode gives, `wrap` and `make_loaders`; the rest default to the plain
+    loop's way and are set only by a mode that does it otherwise: its loss (`criterion`), its
+    checkpoint state (`state`), collective evaluation (`lockstep_eval`), fallbacks and extra
+    metrics entries (`notes`, `record`), and its own training step and evaluation (`step`,
+    `evaluate`; pp's schedule)."""
     wrap: Callable[[torch.nn.Module], Trainable]  # plain model -> model that trains (DDP, DataParallel, FSDP, itself)
     make_loaders: Callable[..., Loaders]  # (cfg, splits) -> Loaders
     criterion: Criterion = cross_entropy  # (model, images, labels) -> (mean loss, correct)

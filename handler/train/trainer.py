@@ -1,56 +1,24 @@
-"""`fit`: build the model and optimiser, resume, run the epochs, save, test, report.
+"""`fit`: one training run as an outline. `build_run` (build.py) makes the run; each epoch
+then trains, validates and saves; the test set ends it.
 
-Every mode calls this with two functions of its own: how to wrap the model and how
-to load the data. Nothing here knows which mode is running.
+Modes reach it through their Strategy (strategy.py): how to wrap the model, where batches
+come from, and the few steps a mode does its own way. Nothing here knows which mode runs.
 """
-import math
 import os
 import time
-from contextlib import nullcontext
-from functools import partial
 
 import torch
 
-from models import build_model
 from ..runtime import dist, rank0
-from .checkpoint import load_checkpoint, make_checkpoint, save_atomic, set_rng_state
-from ..runtime.cpu_memory import keep_freed_memory
-from ..runtime.cpu_precision import bf16_note
-from ..data.dataset import load_splits
-from .capture import Capture, describe
+from .build import Run, build_run
+from .checkpoint import make_checkpoint, save_atomic
 from .divergence import Diverged, DivergenceGuard, parameters_finite
 from ..runtime.errors import StopRequested, UserError
-from .loop import Step, evaluate, train_epoch
-from .metrics import MetricsFile, environment
-from .optimizer import build_sgd, settle
-from .model_options import checkpoint_stages
+from .loop import train_epoch
 from .strategy import Strategy
-from ..runtime.names import CHECKPOINT, HOST, RANK, TEST, VALIDATE
-from ..runtime.nvtx import nvtx_mark, nvtx_range, profiler_attached
+from ..runtime.names import CHECKPOINT, TEST, VALIDATE
+from ..runtime.nvtx import nvtx_range
 from ..runtime.stopping import StopFlag
-
-WARMUP_EPOCHS = 1
-
-
-def resume_path(cfg) -> str:
-    return cfg.resume or os.path.join(cfg.ckpt, "last.pt")
-
-
-def warmup_cosine(optimizer, steps_per_epoch: int, epochs: int):
-    total = max(steps_per_epoch * epochs, 1)
-    warmup = min(steps_per_epoch * WARMUP_EPOCHS, total // 4)
-
-    def factor(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def autocast_for(cfg, device):
-    if cfg.amp == "off":
-        return nullcontext
-    return partial(torch.autocast, device.type, dtype=torch.bfloat16 if cfg.amp == "bf16" else torch.float16)
 
 
 def epoch_seed(cfg, epoch: int) -> int:
@@ -58,139 +26,81 @@ def epoch_seed(cfg, epoch: int) -> int:
     return cfg.seed + 1_000_003 * (epoch + 1) + 7919 * cfg.rank
 
 
-def _evaluate_replicas(raw, loader, name: str, **options) -> dict:
-    """The loop's evaluation on the unwrapped model, after every rank takes rank 0's
-    BatchNorm statistics (they stay rank-local in training)."""
-    dist.broadcast_buffers(raw)
-    return evaluate(raw, loader, name, **options)
-
-
 def fit(cfg, strategy: Strategy) -> dict:
-    device = torch.device(cfg.device)
-    if device.type == "cpu":
-        keep_freed_memory()  # else glibc maps and zeroes every step's activations afresh
-    # Fixed input shapes: cuDNN's autotuner picks the fastest kernels once and reuses them.
-    torch.backends.cudnn.benchmark = device.type == "cuda"
-    capture = Capture.start(cfg.profile_epochs, cfg.epochs)  # docs/PROFILING.md, "Capture window"
-    nvtx_mark(RANK(cfg.rank))
-    started = time.perf_counter()
-    splits = load_splits(cfg)
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    raw = build_model(cfg.model, len(splits.classes)).to(device)
-    if cfg.channels_last:
-        raw = raw.to(memory_format=torch.channels_last)
-    if cfg.activation_checkpointing:
-        checkpoint_stages(raw)
-    # Wrap first: FSDP replaces the parameters with shards, and the optimizer (and any
-    # restored state) must see the ones that train. DDP and DP keep the same tensors.
-    model = strategy.wrap(raw)
-    optimizer, optimizer_note = build_sgd(cfg, raw.parameters(), device, scaler_enabled=cfg.amp == "fp16")
-    loaders = strategy.make_loaders(cfg, splits)
-    if len(loaders.train) == 0:
-        raise UserError(f"{len(splits.train[1])} training images give no full batch of {cfg.local_batch} "
-                        "per process; use a smaller --batch-size or more data")
-    scheduler = warmup_cosine(optimizer, len(loaders.train), cfg.epochs)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
-
-    start_epoch, start_step, best_acc, history, resume_notes = 0, 0, -1.0, [], ()
-    if cfg.resume is not None:
-        start_epoch, start_step, best_acc, history, resume_notes = _restore(
-            cfg, strategy, len(splits.classes), raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    settle(optimizer)
-
-    step = Step(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
-                channels_last=cfg.channels_last, criterion=strategy.criterion, optimise=strategy.step)
-    evaluate_on = partial(_evaluate_replicas, raw, device=device, autocast=step.autocast,
-                          channels_last=cfg.channels_last, lockstep=strategy.lockstep_eval)
-    if strategy.evaluate:  # the mode evaluates through its wrapper (pp: stage after stage)
-        evaluate_on = partial(strategy.evaluate, model, device=device, autocast=step.autocast)
-    save = partial(_save, cfg, strategy.state, raw=raw, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    notes = strategy.notes + resume_notes
-    if optimizer_note:  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_with_every_flag_validate_accepts_for_it_on_gpus[fsdp-1]
-        notes += (optimizer_note,)
-        rank0.say(cfg, f"warning: {optimizer_note}", err=True)
-    if cfg.amp == "bf16" and device.type == "cpu":
-        note = bf16_note()
-        if note:
-            notes += (note,)
-            rank0.say(cfg, f"warning: {note}", err=True)
-    hosts = dist.hostnames()
-    nvtx_mark(HOST(hosts[cfg.rank]))  # the profile report names each rank's host
-    last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
-    capture.marks = (RANK(cfg.rank), HOST(hosts[cfg.rank]))
-    capture_note = capture.fit_to(start_epoch, last_epoch)
-    if capture_note and profiler_attached():
-        notes += (capture_note,)
-        rank0.say(cfg, f"warning: {capture_note}", err=True)
-    profiled = describe(capture.window, cfg.epochs) if profiler_attached() else None
-    env = {**environment(cfg, notes, hosts), "profiled_epochs": capture.epochs(start_epoch, last_epoch)
-           if profiled else None, **(strategy.record(model) if strategy.record else {})}
-    metrics = MetricsFile(cfg, env, history) if cfg.is_main else None
-    rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
-                   f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
-                   f"{len(loaders.train)} steps/epoch, dataset {cfg.dataset}"
-                   + (f", profiling {profiled}" if profiled else ""))
-
+    """Build the run, then per epoch train, validate and save; then test. A stop request
+    saves where the ranks stopped and ends the run (resume continues there); a divergence
+    ends it on every rank, rank 0 saying why."""
+    run = build_run(cfg, strategy)
     stop = StopFlag()
-    guard = DivergenceGuard(device, cfg.nan_patience if scaler.is_enabled() else 1)
+    guard = DivergenceGuard(run.device, cfg.nan_patience if run.step.scaler.is_enabled() else 1)
     try:
-        for epoch in range(start_epoch, last_epoch):
-            torch.manual_seed(epoch_seed(cfg, epoch))
-            capture.before_epoch(epoch)
-            first_step, start_step = start_step, 0
-            with rank0.progress(cfg, len(loaders.train), f"epoch {epoch + 1}/{cfg.epochs}") as bar:
-                train = train_epoch(step, loaders.train, epoch, device, bar, stop=stop, guard=guard,
-                                    start_step=first_step)
+        for epoch in range(run.start_epoch, run.last_epoch):
+            first_step = run.start_step if epoch == run.start_epoch else 0
+            train = _train(run, epoch, first_step, stop, guard)
             if train["stopped_at"] is not None:
-                save(epochs_done=epoch, step=train["stopped_at"], best_acc=best_acc, history=history)
-                dist.barrier()  # no rank exits before rank 0 has written it: srun ends a step soon after its first task
-                rank0.say(cfg, f"stopped by {stop.agreed_signal().name} at epoch {epoch + 1}, step "
-                               f"{train['stopped_at']}; continue with --resume (checkpoint in {cfg.ckpt})")
-                raise StopRequested(stop.agreed_signal())
-            val = {"loss": None, "acc": None, "samples": 0}
-            if loaders.valid is not None:
-                val = evaluate_on(loaders.valid, VALIDATE)
-            record = _epoch_record(epoch, train, val, first_step)
-            history.append(record)
-            improved = val["acc"] is not None and val["acc"] > best_acc
-            best_acc = max(best_acc, val["acc"] or -1.0)
-            if metrics is not None:  # rank 0's
-                metrics.add_epoch(record)
-                _report_epoch(cfg, record)
-            save(epochs_done=epoch + 1, step=0, best_acc=best_acc, history=history, improved=improved)
-            capture.after_epoch(epoch)
+                _save_and_stop(run, epoch, train["stopped_at"], stop)
+            val = _validate(run)
+            improved = _record(run, _epoch_record(epoch, train, val, first_step))
+            _save_run(run, epochs_done=epoch + 1, step=0, improved=improved)
+            run.capture.after_epoch(epoch)
     except Diverged:
         if not cfg.is_main:
             raise SystemExit(2) from None  # every rank agreed; rank 0 says it once
         raise
     finally:
         stop.close()
-
-    test = evaluate_on(loaders.test, TEST)
-    capture.close_run()
-    total = time.perf_counter() - started
-    if metrics is not None:  # rank 0's
-        metrics.finish(test, total)
-        rank0.say(cfg, f"test: loss {test['loss']:.4f}  acc {100 * test['acc']:.2f}%  "
-                       f"({test['samples']} images)  total {total:.1f} s  metrics -> {cfg.metrics}")
-    return {"test": test, "epochs": history, "total_time_s": total}
+    return _test(run)
 
 
-def _restore(cfg, strategy, num_classes, *, raw, optimizer, scheduler, scaler):
-    """Load every piece of state from the resume checkpoint; returns where to continue
-    and the notes for the metrics."""
-    path = resume_path(cfg)
-    ckpt = load_checkpoint(path, torch.device(cfg.device))
-    check_compatible(ckpt, cfg, num_classes, path)
-    strategy.state.restore(ckpt, path, raw, optimizer)
-    scheduler.load_state_dict(ckpt["scheduler"])
-    scaler.load_state_dict(ckpt["scaler"])
-    dropped = set_rng_state(ckpt["rng"])
-    if dropped:  # gpu-only: tests/machine/test_gpu.py::test_a_two_gpu_checkpoint_resumes_where_one_gpu_is_visible
-        rank0.say(cfg, f"note: {dropped}", err=True)
-    rank0.say(cfg, f"resumed from {path} at epoch {ckpt['epoch'] + 1}, step {ckpt['step']}")
-    return ckpt["epoch"], ckpt["step"], ckpt["best_acc"], list(ckpt["history"]), (dropped,) if dropped else ()
+def _train(run: Run, epoch: int, first_step: int, stop: StopFlag, guard: DivergenceGuard) -> dict:
+    torch.manual_seed(epoch_seed(run.cfg, epoch))
+    run.capture.before_epoch(epoch)
+    with rank0.progress(run.cfg, len(run.loaders.train), f"epoch {epoch + 1}/{run.cfg.epochs}") as bar:
+        return train_epoch(run.step, run.loaders.train, epoch, run.device, bar, stop=stop, guard=guard,
+                           start_step=first_step)
+
+
+def _save_and_stop(run: Run, epoch: int, stopped_at: int, stop: StopFlag) -> None:
+    """The ranks agreed to stop after step `stopped_at`: save there, then end the run."""
+    _save_run(run, epochs_done=epoch, step=stopped_at)
+    dist.barrier()  # no rank exits before rank 0 has written it: srun ends a step soon after its first task
+    rank0.say(run.cfg, f"stopped by {stop.agreed_signal().name} at epoch {epoch + 1}, step "
+                       f"{stopped_at}; continue with --resume (checkpoint in {run.cfg.ckpt})")
+    raise StopRequested(stop.agreed_signal())
+
+
+def _validate(run: Run) -> dict:
+    if run.loaders.valid is None:  # --valid-size 0
+        return {"loss": None, "acc": None, "samples": 0}
+    return run.evaluate(run.loaders.valid, VALIDATE)
+
+
+def _record(run: Run, record: dict) -> bool:
+    """Add the epoch to the history (and rank 0's metrics file); True when validation improved."""
+    run.history.append(record)
+    improved = record["val_acc"] is not None and record["val_acc"] > run.best_acc
+    run.best_acc = max(run.best_acc, record["val_acc"] or -1.0)
+    if run.metrics is not None:  # rank 0's
+        run.metrics.add_epoch(record)
+        _report_epoch(run.cfg, record)
+    return improved
+
+
+def _test(run: Run) -> dict:
+    test = run.evaluate(run.loaders.test, TEST)
+    run.capture.close_run()
+    total = time.perf_counter() - run.started
+    if run.metrics is not None:  # rank 0's
+        run.metrics.finish(test, total)
+        rank0.say(run.cfg, f"test: loss {test['loss']:.4f}  acc {100 * test['acc']:.2f}%  "
+                           f"({test['samples']} images)  total {total:.1f} s  metrics -> {run.cfg.metrics}")
+    return {"test": test, "epochs": run.history, "total_time_s": total}
+
+
+def _save_run(run: Run, *, epochs_done: int, step: int, improved: bool = False) -> None:
+    _save(run.cfg, run.state, raw=run.raw, optimizer=run.step.optimizer, scheduler=run.step.scheduler,
+          scaler=run.step.scaler, epochs_done=epochs_done, step=step, best_acc=run.best_acc,
+          history=run.history, improved=improved)
 
 
 def _epoch_record(epoch, train, val, first_step) -> dict:
@@ -201,23 +111,6 @@ def _epoch_record(epoch, train, val, first_step) -> dict:
     if first_step:
         record["resumed_at_step"] = first_step  # the epoch's sums cover only the steps after it
     return record
-
-
-def check_compatible(ckpt: dict, cfg, num_classes: int, path: str) -> None:
-    """Resuming into another model or class count, or into fp16 from a run without its
-    GradScaler state, fails in one line; world size may change."""
-    saved = ckpt.get("config", {}).get("model")
-    if saved != cfg.model:
-        raise UserError(f"{path} holds a {saved} but --model is {cfg.model}; "
-                        f"pass --model {saved} or another checkpoint")
-    saved_amp = ckpt.get("config", {}).get("amp", "off")
-    if cfg.amp == "fp16" and not ckpt.get("scaler"):
-        raise UserError(f"{path} was saved with --amp {saved_amp}, so it holds no GradScaler state for "
-                        f"--amp fp16; resume with --amp {saved_amp}, or start afresh without --resume")
-    head = [v for k, v in ckpt.get("model", {}).items() if k.endswith("head.weight")]
-    if head and head[0].shape[0] != num_classes:
-        raise UserError(f"{path} was trained on {head[0].shape[0]} classes but the dataset has "
-                        f"{num_classes}; use the matching dataset or start without --resume")
 
 
 def _report_epoch(cfg, r):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from handler.DDP.run import _torchrun_preparation
-from handler.DDP.utils import run_process
+from handler.DDP.processes import run_process
 from handler.train.config import Config
 from tests.dist_workers import dies_when_stopped
 

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from handler.DDP.utils import start_method
+from handler.DDP.processes import start_method
 from handler.runtime.nvtx import PROFILER_ENV
 from handler.train.checkpoint import load_checkpoint
 from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, free_port, hung, read_metrics, run_cli

@@ -99,7 +99,7 @@ def test_a_training_step_never_synchronises_the_gpu():
     from handler.train.config import Config
     from handler.train.loop import Step, _optimise
     from handler.train.optimizer import build_sgd, settle
-    from handler.train.trainer import autocast_for
+    from handler.train.build import autocast_for
     from models import build_model
     device = torch.device("cuda:0")
     model = build_model("resnet20", 10).to(device)

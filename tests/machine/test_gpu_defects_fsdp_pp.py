@@ -13,7 +13,7 @@ from handler.runtime import devices
 from handler.runtime.errors import UserError
 from handler.train.checkpoint import make_checkpoint, rng_state, set_rng_state
 from handler.train.optimizer import NO_FUSED_DTENSOR, build_sgd, settle, sgd_options
-from handler.train.trainer import check_compatible
+from handler.train.build import check_compatible
 from tests.conftest import error_lines, run_cli
 from tests.machine.test_devices import fake_smi, visible
 

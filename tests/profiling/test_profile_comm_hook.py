@@ -1,6 +1,6 @@
 """handler/DDP/comm_hook.py: `allreduce b{k}` start/end ranges around DDP's own all-reduce."""
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 from torch.cuda import nvtx as cuda_nvtx
 
 import handler.runtime.nvtx as harness_nvtx
@@ -11,7 +11,7 @@ def test_profiled_ddp_marks_each_bucket_and_keeps_ddps_gradients(tmp_path, monke
     opened, closed = [], []
     monkeypatch.setattr(cuda_nvtx, "range_start", lambda name: opened.append(name) or len(opened))
     monkeypatch.setattr(cuda_nvtx, "range_end", closed.append)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
         plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
@@ -27,7 +27,7 @@ def test_profiled_ddp_marks_each_bucket_and_keeps_ddps_gradients(tmp_path, monke
             traced.zero_grad()
             profiled(batch).sum().backward()
     finally:
-        dist.destroy_process_group()
+        tdist.destroy_process_group()
     assert opened and set(opened) == {f"allreduce b{k}" for k in range(len(set(opened)))}
     assert sorted(closed) == list(range(1, len(opened) + 1))  # every range ended, by its own handle
     for a, b in zip(plain.parameters(), traced.parameters()):

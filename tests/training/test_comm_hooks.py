@@ -6,9 +6,9 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 
-import handler.runtime.dist as harness_dist
+from handler.runtime import dist
 import handler.runtime.nvtx as harness_nvtx
 from handler.modes import parse_config
 from handler.runtime.errors import UserError
@@ -53,10 +53,10 @@ def test_comm_options_parse_for_the_ddp_modes():
 # ---- one process group of one rank, in this process ----------------------------------------
 @pytest.fixture
 def group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
-    dist.destroy_process_group()
-    harness_dist.forget_groups()  # the cached gloo side group belonged to this process group
+    tdist.destroy_process_group()
+    dist.forget_groups()  # the cached gloo side group belonged to this process group
 
 
 class Recorder:

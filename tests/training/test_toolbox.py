@@ -10,7 +10,7 @@ from handler.runtime.errors import UserError
 from handler.train.config import Config
 from handler.train.loop import Step, _optimise
 from handler.train.model_options import checkpoint_stages
-from handler.train.trainer import autocast_for
+from handler.train.build import autocast_for
 from handler.DP.balanced import LossInside, replica_cross_entropy
 from models import build_model
 from tests.conftest import SMALL, read_metrics, run_cli

@@ -1,8 +1,10 @@
-"""Process setup and teardown for the DDP modes: the one place that knows about them.
+"""The rank processes' life for the DDP-family modes (ddp, ddp_dali, fsdp, pp): start them,
+join them into one process group, and take the group down. The one place that knows how.
 
-Single node: `run_process` starts one process per device (see `start_method`). Under
-torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) the processes already exist and join the group
-through the environment instead.
+Single node: `run_process` starts one process per device (see `start_method`) around the
+rendezvous store that `held_store` keeps in the spawning process. Under torchrun (RANK,
+WORLD_SIZE, LOCAL_RANK set) the processes already exist and `initialize_group` joins them
+through the environment instead. Who calls what: handler/DDP/__init__.py.
 """
 import contextlib
 import datetime
@@ -143,10 +145,12 @@ def held_store(host: str, port: int) -> Iterator[int]:
         del store
 
 
-def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
+def initialize_group(proc_id: int, host: str, port: int, world_size: int, *,
                      use_cuda: bool, timeout_s: float, store_held: bool = False) -> Rank:
     """Pick this process's device, join the process group, and wait for every peer.
 
+    proc_id and world_size place a spawned rank (one per device of this machine); under
+    torchrun its environment places it and both are ignored.
     store_held: the spawning process hosts the store at host:port (`held_store`), so every
     rank joins it as a client; otherwise rank 0 creates it (tcp:// rendezvous)."""
     cuda_status()  # probe CUDA once, quietly: the group's barrier asks again
@@ -156,7 +160,7 @@ def initialize_group(proc_id: int, host: str, port: int, num_gpu: int, *,
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         init_method = "env://"
     else:
-        rank, world, local_rank, local_world = proc_id, num_gpu, proc_id, num_gpu
+        rank, world, local_rank, local_world = proc_id, world_size, proc_id, world_size
         init_method = f"tcp://{host}:{port}"
     if use_cuda:
         check_local_rank(local_rank)
@@ -213,6 +217,8 @@ def elastic_restart_count() -> int:
 
 
 def destroy_process() -> None:
+    """Leave the process group, after forgetting what handler/runtime/dist.py keeps about it;
+    safe when none was joined."""
     dist.forget_groups()
     if tdist.is_initialized():
         tdist.destroy_process_group()
