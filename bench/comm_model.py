@@ -14,11 +14,9 @@ plus kappa times the delay of one switch port (every host's link is delayed alik
 message host to host crosses two ports: kappa 2 when a message waits one crossing, 4 when
 it waits a round trip; less when a hook's buckets wait side by side). A CPU-bound exchange
 waits every message in turn, a wire-bound one only one bucket's: meanwhile the next
-bucket's bytes keep the link busy. beta and alpha are one for all hooks, kappa one per message
-pattern (collectives per bucket): allreduce, fp16 and bf16 send their buckets alike and wait
-alike, so one kappa each would only fit their noise (it did: 0.92 for fp16 against 1.31 for
-bf16); at a fixed host count alpha cannot be told apart from the floors (each hook's messages
-are fixed), so the fit keeps it only where the floors leave a need for it (docs/COMM.md).
+bucket's bytes keep the link busy. beta and alpha are one for all hooks, kappa one per hook;
+at a fixed host count alpha cannot be told apart from the floors (each hook's messages are
+fixed), so the fit keeps it only where the floors leave a need for it (docs/COMM.md).
 """
 import math
 from typing import Any
@@ -73,13 +71,13 @@ def _branches(terms, floor, beta: float, alpha: float, kappa) -> tuple:
     return cpu, wire, cpu >= wire
 
 
-def _fit_at(rows, hooks, patterns, terms, comm, beta: float) -> tuple:
-    """For one beta: floors, alpha and each message pattern's kappa, alternately, until they settle; the
+def _fit_at(rows, hooks, terms, comm, beta: float) -> tuple:
+    """For one beta: floors, alpha and each hook's kappa, alternately, until they settle; the
     squared error. A row bound by the CPU waits every message's latency; one bound by the wire
     one bucket's."""
     hook = np.array([r["hook"] for r in rows])
-    onehot = np.array([[r["collectives_per_bucket"] == k for k in patterns] for r in rows], float)
-    coef = np.zeros(1 + len(patterns))
+    onehot = np.array([[h == k for k in hooks] for h in hook], float)
+    coef = np.zeros(1 + len(hooks))
     on_cpu = comm > FLOOR_MARGIN * beta * terms[:, 0]
     floors, floor = {h: 0.0 for h in hooks}, np.zeros(len(rows))
     for _ in range(ROUNDS):
@@ -103,14 +101,12 @@ def fit(rows) -> dict:
     hooks = sorted({r["hook"] for r in rows})
     params: dict[str, Any] = {"hooks": {h: _hook_medians([r for r in rows if r["hook"] == h]) for h in hooks}}
     terms, comm = _terms(rows), np.array([r["comm_s"] for r in rows])
-    patterns = sorted({r["collectives_per_bucket"] for r in rows})
-    best = min((_fit_at(rows, hooks, patterns, terms, comm, float(beta)) + (float(beta),) for beta in BETAS),
+    best = min((_fit_at(rows, hooks, terms, comm, float(beta)) + (float(beta),) for beta in BETAS),
                key=lambda found: found[0])
     _, coef, floors, beta = best
     params.update(beta=beta, alpha_s=float(coef[0]))
-    for h in hooks:
-        kappa = coef[1 + patterns.index(params["hooks"][h]["collectives_per_bucket"])]
-        params["hooks"][h].update(floor_s=floors[h], kappa=float(kappa))
+    for k, h in enumerate(hooks):
+        params["hooks"][h].update(floor_s=floors[h], kappa=float(coef[1 + k]))
     return params
 
 

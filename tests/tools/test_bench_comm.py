@@ -30,7 +30,7 @@ TRUE: dict[str, Any] = {"beta": 1.2, "alpha_s": 0.0, "hooks": {
     "fp16": {"floor_s": 0.11, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 0.55e6, "buckets": 4,
              "collectives_per_bucket": 1, "kappa": 1.5},
     "bf16": {"floor_s": 0.11, "compute_s": 0.21, "window_s": 0.08, "bytes_per_step": 0.55e6, "buckets": 4,
-             "collectives_per_bucket": 1, "kappa": 1.5},
+             "collectives_per_bucket": 1, "kappa": 2.0},
     "powersgd": {"floor_s": 0.15, "compute_s": 0.22, "window_s": 0.09, "bytes_per_step": 0.1e6, "buckets": 4,
                  "collectives_per_bucket": 3, "kappa": 2.5}}}
 RATES, DELAYS = (1000, 200, 50, 10), (0, 1, 5)
