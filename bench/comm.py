@@ -298,7 +298,8 @@ def report(results: dict) -> str:
                                  for h, e in c["per_hook"].items()))
     hosts = model["hosts_prediction"]
     if hosts:
-        lines.append(f"{hosts['hosts']} hosts from the 2-host fit (calibrated on {hosts['calibration'][0]:g} Mbit/s "
+        lines.append(f"{hosts['hosts']} hosts from the 2-host fit (this machine's CPU work x{hosts['cpu_share']:.2f} "
+                     f"at {hosts['hosts']} ranks against 2, the median over the hooks' compute at {hosts['calibration'][0]:g} Mbit/s "
                      f"{hosts['calibration'][1]:g} ms): "
                      + ", ".join(f"{e['hook']} {e['cell'][0]:g}/{e['cell'][1]:g} {e['predicted_s']:.3f} s vs "
                                  f"{e['measured_s']:.3f} s ({100 * e['error']:.0f} %)" for e in hosts["per_row"]))

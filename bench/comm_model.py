@@ -147,13 +147,21 @@ def check(rows, held_out: tuple) -> dict:
 
 
 def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
-    """More hosts from the 2-host fit. Per hook, one measured cell of the new host count (the
-    fast, undelayed `calibration`) gives compute, window and the CPU floor, which the shared CPU
-    of this machine changes with the host count (a real cluster's GPUs would not); the wire
-    (the 2-host bytes times the ring's 2(n-1)/n over 1), the messages (2(n-1) per collective)
-    and beta, alpha, kappa come from the 2-host fit. Every other cell is predicted."""
+    """More hosts from the 2-host fit. The ring: each host sends 2(n-1)/n of the payload (the
+    wire bytes grow by that over 2 hosts' 1) in 2(n-1) messages per collective; beta, alpha
+    and kappa are the fit's. Two terms need one measured cell of the new host count (the fast,
+    undelayed `calibration`):
+    - compute and the overlap window: n ranks share this machine's 2 cores (a real cluster's
+      GPUs would not). Every hook runs the same forward and backward, so one factor serves
+      them all: the median over the hooks of the cell's compute over the 2-host fit's. One
+      hook's few steps would carry their 10-20 % noise into all its predictions.
+    - the CPU floor, each hook's own: at 2 hosts its per-message software cost cannot be told
+      apart from the rest of the floor (each hook's messages are fixed), and it grows with
+      the ring's 2(n-1) steps by a different share for each hook (docs/COMM.md).
+    Every other cell is predicted."""
     hosts = rows[0]["hosts"]
     base = {r["hook"]: r for r in rows if cell(r) == calibration}
+    share = _median([b["compute_s"] / params["hooks"][hook]["compute_s"] for hook, b in base.items()])
     per_row = []
     for r in rows:
         if cell(r) == calibration or r["hook"] not in base:
@@ -163,10 +171,10 @@ def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
         messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
         floor = b["comm_s"] - messages * params["alpha_s"]  # the calibration cell's comm, less its latency
         comm = predict_comm(params, r["hook"], floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0, h["buckets"])
-        predicted = b["compute_s"] + max(0.0, comm - b["window_s"])
+        predicted = share * h["compute_s"] + max(0.0, comm - share * h["window_s"])
         per_row.append({"hook": r["hook"], "cell": list(cell(r)), "wire_bytes_predicted": wire,
                         "wire_bytes_measured": r["bytes_per_step"], **_error(predicted, r["step_s"])})
-    return {"hosts": hosts, "calibration": list(calibration), "per_row": per_row,
+    return {"hosts": hosts, "calibration": list(calibration), "cpu_share": share, "per_row": per_row,
             "worst": max((e["error"] for e in per_row), default=None)}
 
 

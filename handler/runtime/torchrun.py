@@ -5,7 +5,9 @@
 When a worker fails, torchrun raises ChildFailedError out of its main and Python prints
 the traceback and a 30-line table, after the worker already said why in its own one line
 (handler/runtime/errors.py). Here that becomes one line naming the first worker that failed
-and how; the exit status is the worker's (128 + N for signal N). scripts/slurm/train.sbatch
+and how; the exit status is the worker's (128 + N for signal N). A torchrun that is itself told to
+stop (Slurm ends a job step with SIGTERM once another node's rank failed) says so in one line
+and exits 128 + N, instead of torch's SignalException traceback. scripts/slurm/train.sbatch
 launches through it.
 """
 import signal
@@ -27,6 +29,7 @@ def failure_line(rank: int, local_rank: int, exitcode: int, host: str) -> tuple[
 
 def main(argv: Optional[list[str]] = None) -> int:
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
@@ -37,6 +40,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         line, status = failure_line(rank, failure.local_rank, failure.exitcode, socket.gethostname())
         print(line, file=sys.stderr, flush=True)
         return status
+    except SignalException as err:
+        print(f"torchrun ({socket.gethostname()}): stopped by {err.sigval.name}; its workers were stopped "
+              "with it (a failure elsewhere is named in the output above)", file=sys.stderr, flush=True)
+        return 128 + int(err.sigval)
     return 0
 
 

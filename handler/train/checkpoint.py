@@ -108,7 +108,7 @@ def save_atomic(obj: dict, path: str) -> None:
         # full disk is also known by the room left once the temp file is gone.
         _remove(tmp)
         full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
-        if not (full or _free(path) < tensor_bytes(obj)):
+        if not (full or free_bytes(path) < tensor_bytes(obj)):
             raise
         raise UserError(disk_full(path, obj)) from None
     finally:
@@ -126,11 +126,11 @@ def disk_full(path: str, obj: dict) -> str:
     kept = (f"the previous {os.path.basename(path)} there is kept" if os.path.isfile(path)
             else "nothing was saved")
     return (f"no room to save a checkpoint in {folder}: it needs about {_mib(tensor_bytes(obj))} and "
-            f"{_mib(_free(path))} are free; {kept}. Free space there (or choose another "
+            f"{_mib(free_bytes(path))} are free; {kept}. Free space there (or choose another "
             "--ckpt) and continue with --resume")
 
 
-def _free(path: str) -> int:
+def free_bytes(path: str) -> int:
     return shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
 
 

@@ -1,6 +1,7 @@
 """Checkpoint faults: a disk that fills up while saving (docs/FAILURES.md)."""
 import contextlib
 import shutil
+import socket
 import subprocess
 
 import pytest
@@ -47,3 +48,26 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
         assert (folder / "last.pt").read_bytes() == before
         assert sorted(p.name for p in folder.iterdir()) == ["last.pt"]  # no temp file left behind
         assert torch.load(folder / "last.pt", weights_only=True)["epoch"] == 2
+
+
+def test_a_full_disk_while_saving_shards_is_the_same_one_line_and_keeps_the_previous_shards(two_epoch_run, tmp_path):
+    """fsdp: every rank writes its shard (torch.distributed.checkpoint); the folder has room for
+    the previous save but not the next. Before, each rank raised torch's CheckpointException."""
+    trained = two_epoch_run("fsdp")[1]
+    shards = torch.load(trained / "last.pt", weights_only=True)["shards"]
+    size = sum(p.stat().st_size for p in (trained / shards).iterdir()) + (trained / "last.pt").stat().st_size
+    with small_tmpfs(tmp_path / "full", size + size // 2) as folder:
+        shutil.copy(trained / "last.pt", folder / "last.pt")
+        shutil.copytree(trained / shards, folder / shards)
+        before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        proc = run_cli(["--mode", "fsdp", "--num_gpu", 2, "--data", tmp_path / "data", "--ckpt", folder, "--resume",
+                        "--epochs", 3, "--batch-size", 64, "--valid-size", 0, "--metrics", tmp_path / "m.json",
+                        *TINY], budget=20)
+        lines = error_lines(proc)
+        assert proc.returncode == 2, proc.stderr
+        assert len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"rank 0 ({socket.gethostname()}): no room to save a checkpoint in {folder}: ")
+        assert "MiB are free; the previous last.pt there is kept" in lines[0]
+        assert "Traceback" not in proc.stderr + proc.stdout
+        after = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        assert after == before  # the half-written shard folder is gone, the previous one untouched

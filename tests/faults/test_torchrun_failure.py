@@ -1,9 +1,14 @@
 """torchrun through handler/runtime/torchrun.py (as scripts/slurm/train.sbatch launches): a
 worker that stops with its own one line is followed by one line, not torchrun's traceback."""
+import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 from handler.runtime.torchrun import failure_line
-from tests.conftest import ROOT, run_process
+from tests.conftest import ROOT, SLACK, run_process
 
 WORKER = """import os, sys, time
 if os.environ["RANK"] == "0":
@@ -28,3 +33,33 @@ def test_a_worker_failing_in_one_line_ends_torchrun_in_one_more_line_with_its_st
 def test_a_worker_killed_by_a_signal_gives_128_plus_its_number():
     line, status = failure_line(1, 1, -9, "node2")
     assert status == 137 and line.startswith("torchrun: rank 1 (local rank 1 on node2) was killed by SIGKILL first")
+
+
+def test_a_torchrun_told_to_stop_says_so_in_one_line_without_a_traceback(tmp_path):
+    """Slurm ends the step on the other nodes with SIGTERM once one node's rank failed; that
+    torchrun printed torch's SignalException traceback after the failing rank's one line."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "handler.runtime.torchrun", "--nproc-per-node", "1",
+                             "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(worker)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for_child(proc.pid, budget=15)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=SLACK * 10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "SignalException" not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("torchrun (")]
+    assert len(ours) == 1 and "stopped by SIGTERM; its workers were stopped with it" in ours[0], err
+
+
+def wait_for_child(pid: int, budget: float) -> None:
+    """Until torchrun has started its worker (a signal before that hits its start-up instead)."""
+    deadline = time.time() + SLACK * budget
+    while not Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        assert time.time() < deadline, f"torchrun started no worker within {SLACK * budget:.0f} s"
+        time.sleep(0.1)

@@ -36,8 +36,9 @@ TRUE: dict[str, Any] = {"beta": 1.2, "alpha_s": 0.0, "hooks": {
 RATES, DELAYS = (1000, 200, 50, 10), (0, 1, 5)
 
 
-def synthetic_rows(params=TRUE, rates=RATES, delays=DELAYS, hosts=2, cells=None):
-    """Rows that obey the model exactly, for HOSTS hosts (the ring's wire and messages)."""
+def synthetic_rows(params=TRUE, rates=RATES, delays=DELAYS, hosts=2, cells=None, cpu=1.0):
+    """Rows that obey the model exactly, for HOSTS hosts: the ring's wire, CPU floor (both
+    2(n-1)/n of the payload) and messages; `cpu` slows every CPU term alike (ranks sharing cores)."""
     rows = []
     for rate, delay in cells or [(r, d) for r in rates for d in delays]:
         for hook, h in params["hooks"].items():
@@ -45,11 +46,12 @@ def synthetic_rows(params=TRUE, rates=RATES, delays=DELAYS, hosts=2, cells=None)
             row = {"hosts": hosts, "rate_mbit": rate, "delay_requested_ms": delay, "delay_ms": delay, "hook": hook,
                    "bytes_per_step": h["bytes_per_step"] * ring_share(hosts), "messages": messages,
                    "buckets": h["buckets"], "collectives_per_bucket": h["collectives_per_bucket"]}
-            comm_s = predict_comm(params, hook, h["floor_s"], row["bytes_per_step"], rate, messages, delay, h["buckets"])
-            step = predict_step(params, hook, row)
-            rows.append({**row, "step_s": step, "comm_s": comm_s, "compute_s": h["compute_s"],
-                         "exposed_comm_s": step - h["compute_s"], "window_s": h["window_s"],
-                         "images_per_s": 16 / step})
+            floor = h["floor_s"] * cpu * ring_share(hosts)
+            comm_s = predict_comm(params, hook, floor, row["bytes_per_step"], rate, messages, delay, h["buckets"])
+            compute, window = cpu * h["compute_s"], cpu * h["window_s"]
+            step = compute + max(0.0, comm_s - window)
+            rows.append({**row, "step_s": step, "comm_s": comm_s, "compute_s": compute,
+                         "exposed_comm_s": step - compute, "window_s": window, "images_per_s": 16 / step})
     return rows
 
 
@@ -94,6 +96,19 @@ def test_four_hosts_are_predicted_from_the_two_host_fit_by_the_ring_formula():
         if r["delay_requested_ms"] == 5 and r["hook"] == "powersgd":
             r["step_s"] -= 2 * 12 * 2.5 * 5e-3  # a third of the 36 messages' 2.5 port delays of 5 ms
     assert predict_hosts(params, linear, (1000, 0))["worst"] > 0.15
+
+
+def test_four_hosts_on_a_shared_cpu_take_one_machine_factor_not_one_noisy_cell_per_hook():
+    """4 ranks on this machine's 2 cores: every CPU term 1.25x slower. One hook's calibration
+    compute is 30 % off (a few noisy steps); before, that hook's every prediction carried it."""
+    params = fit(synthetic_rows())
+    four = synthetic_rows(hosts=4, cells=[(1000, 0), (10, 0), (1000, 5), (50, 1)], cpu=1.25)
+    for r in four:
+        if (r["rate_mbit"], r["delay_requested_ms"], r["hook"]) == (1000, 0, "powersgd"):
+            r["compute_s"] *= 1.3
+    found = predict_hosts(params, four, (1000, 0))
+    assert found["cpu_share"] == pytest.approx(1.25)
+    assert found["worst"] < 0.01
 
 
 def test_scaling_efficiency_falls_with_nodes_rises_with_bandwidth_and_compression_helps():

@@ -94,6 +94,37 @@ def test_a_partitioned_host_ends_the_job_within_the_dist_timeout_and_leaves_noth
     cluster.wait_idle("node2")
 
 
+# A rank stopped on another host (SIGSTOP: a wedged process, a debugger, a swapped-out host)
+# is alive but silent. With --dist-timeout 10 the heartbeat calls it lost after 3.3 s
+# (handler/DDP/peers.py silent_after); before, rank 0 said "every peer still answers".
+STOPPED_NAMED_S = 15  # s from the stop to the end of the job: 3.3 s silence, srun's --wait=5, slack
+
+
+def test_a_sigstopped_rank_on_another_host_is_named_with_its_host_and_ends_the_job(cluster, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 6, "--dist-timeout", DIST_TIMEOUT],
+                         sbatch=["--no-requeue"], env={"NPROC_PER_NODE": "1"})
+    job.wait_for(r"steps/epoch")  # the loop (and the heartbeat) has started
+    workers = [pid for pid, cmd in cluster.processes("node2").items()
+               if "train_cifar.py" in cmd and not any(agent in cmd for agent in TORCHRUN_AGENTS)]
+    assert len(workers) == 1, f"not one worker on node2: {cluster.processes('node2')}"
+    os.kill(workers[0], signal.SIGSTOP)  # the worker this job started, found in node2's namespaces
+    try:
+        took = job.finish()
+        # Slurm then ends node2's step with SIGCONT and SIGTERM: the woken rank 1 may add its own
+        # line (rank 0 is gone), and node2's torchrun says it was stopped; none is a traceback.
+        lines = [line for line in job.output().splitlines() if line.startswith("rank 0 (")]
+        assert not job.succeeded and took < STOPPED_NAMED_S, job_failed(job, f"ended {job.state} after {took:.0f} s")
+        assert len(lines) == 1, job_failed(job, "not one line from rank 0")
+        assert lines[0].startswith("rank 0 (node1): lost rank 1 (node2): no heartbeat for 3.33 s"), lines[0]
+        assert "every peer still answers" not in job.output() and "Traceback" not in job.output(), \
+            job_failed(job, "a wrong line or a traceback")
+    finally:
+        if workers[0] in cluster.processes("node2"):
+            os.kill(workers[0], signal.SIGKILL)
+            os.kill(workers[0], signal.SIGCONT)
+    cluster.wait_no_job_processes(["node1", "node2"], limit=30)
+
+
 def test_workers_lost_on_one_host_restart_elastically_resume_and_complete(cluster, tmp_path):
     job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 3],
                          env={"NPROC_PER_NODE": "1", "NNODES": "1:2", "MAX_RESTARTS": "1"})
