@@ -81,14 +81,25 @@ def test_the_map_counts_gpu_only_lines_apart_and_names_each_block_never_run(tmp_
     data_file = tmp_path / "cov"
     assert coverage_map.main(["--data", str(data_file)]) == 2
     assert "no coverage data" in capsys.readouterr().err
+    (tmp_path / "main").mkdir()  # scripts/coverage.sh's record of the step measured
+    (tmp_path / "main" / "step.txt").write_text("main 2026-11-25T04:29Z 900 s, exit 0\n")
     data = coverage.CoverageData(basename=str(data_file))  # as if f(1) ran: lines 1-3 and g's def
     data.add_lines({str(source): [1, 2, 3, 7]})
     data.write()
     assert coverage_map.main(["--data", str(data_file)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "line coverage of the main suite (all lines | outside GPU-only blocks):",
+        "CI steps measured: main 2026-11-25T04:29Z 900 s, exit 0",
+        "line coverage (all lines | outside GPU-only blocks):",
         "  handler           66.7 % of     6 |  75.0 % of     4",
         "  all               66.7 % of     6 |  75.0 % of     4",
         "GPU-only blocks (docs/GPU_CHECK.md): 1, 2 lines",
         "blocks never executed outside them: 1",
         "  handler/mod.py:4-4  (f)"]
+
+
+def test_the_map_names_the_ci_steps_its_data_holds(tmp_path):
+    for step, line in (("main", "main 2026-11-25T04:29Z 900 s, exit 0"), ("rehearsal", "rehearsal 2026-11-25T04:45Z 300 s, exit 1")):
+        (tmp_path / step).mkdir()
+        (tmp_path / step / "step.txt").write_text(line + "\n")
+    assert coverage_map.steps_measured(tmp_path) == "main 2026-11-25T04:29Z 900 s, exit 0; rehearsal 2026-11-25T04:45Z 300 s, exit 1"
+    assert coverage_map.steps_measured(tmp_path / "main").startswith("unknown")
