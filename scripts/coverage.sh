@@ -7,7 +7,8 @@
 #   bash scripts/coverage.sh --ci-steps [pytest args]      every CI step that runs here
 #   bash scripts/coverage.sh --steps rehearsal,cluster     only these steps, kept beside the others
 #
-# Steps (.ci/run): `main` (scripts/test.sh's pytest; pytest args go to it), `rehearsal`
+# Pytest args go to the steps that run pytest (main, cluster), e.g. `--steps cluster -k net`.
+# Steps (.ci/run): `main` (scripts/test.sh's pytest), `rehearsal`
 # (the whole `scripts/gpu_check.sh --rehearse`) and `cluster` (scripts/test_cluster.sh, under
 # `flock /tmp/cluster.lock`; it needs root and the Slurm tools). CI's old-torch smoke is never
 # measured: it runs in its own venv on torch 2.6, without coverage.py.
@@ -58,7 +59,11 @@ for step in ${steps//,/ }; do
             out="$(mktemp -d)"
             measure rehearsal env env PYTHON=.venv/bin/python bash scripts/gpu_check.sh --rehearse --out "$out"
             rm -rf "$out" ;;
-        cluster) measure cluster env flock /tmp/cluster.lock bash scripts/test_cluster.sh ;;
+        # Held under the lock every user of the cluster takes (tests need it alone), and
+        # left down (a no-op when its tests already took it down).
+        cluster) measure cluster env flock /tmp/cluster.lock bash -c \
+                     'status=0; bash scripts/test_cluster.sh "$@" || status=$?; bash scripts/cluster.sh down; exit $status' \
+                     cluster "$@" ;;
         *) echo "coverage: unknown step '$step' (main, rehearsal, cluster)" >&2; exit 2 ;;
     esac
 done
