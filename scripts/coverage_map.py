@@ -125,7 +125,13 @@ def steps_measured(folder: Path) -> str:
 def coverage_map(data_file: Path) -> str:
     import coverage  # only the map needs it; --gpu-table runs without
 
+    # Making a Coverage object turns off the saving of the data of a process that coverage.py
+    # started itself (its _prevent_sub_process_measurement): called inside a test that
+    # scripts/coverage.sh measures, the test's xdist worker lost every line it had run.
+    measuring = getattr(coverage.process_startup, "coverage", None)
     cov = coverage.Coverage(data_file=str(data_file), config_file=str(ROOT / ".coveragerc"))
+    if measuring is not None:
+        measuring._auto_save = True
     cov.load()
     blocks = gpu_blocks()
     gpu_lines = {(b.path, n) for b in blocks for n in range(b.first, b.last + 1)}

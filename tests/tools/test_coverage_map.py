@@ -1,4 +1,5 @@
 """scripts/coverage_map.py: the GPU-only blocks it finds, and the docs' copy of their table."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,21 @@ def test_the_map_names_the_ci_steps_its_data_holds(tmp_path):
         (tmp_path / step / "step.txt").write_text(line + "\n")
     assert coverage_map.steps_measured(tmp_path) == "main 2026-11-25T04:29Z 900 s, exit 0; rehearsal 2026-11-25T04:45Z 300 s, exit 1"
     assert coverage_map.steps_measured(tmp_path / "main").startswith("unknown")
+
+
+def test_a_map_drawn_inside_a_measured_process_keeps_that_process_s_own_data(tmp_path):
+    """coverage.py turns off the saving of a process it started itself (as scripts/coverage.sh
+    starts the suite's xdist workers) once any Coverage object is made there: the map's own
+    test lost a whole worker's lines. Here a process started by coverage.py draws a map."""
+    import coverage  # requirements-test.txt
+    data = coverage.CoverageData(basename=str(tmp_path / "empty"))
+    data.add_lines({str(ROOT / "train_cifar.py"): [1]})
+    data.write()
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import coverage_map; "
+            f"coverage_map.coverage_map(__import__('pathlib').Path({str(tmp_path / 'empty')!r}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
+    env.update(COVERAGE_PROCESS_START=str(ROOT / ".coveragerc"), COVERAGE_FILE=str(tmp_path / "own" / "cov"))
+    (tmp_path / "own").mkdir()
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
+    assert [p.name for p in (tmp_path / "own").iterdir() if p.name.startswith("cov.")], \
+        "the process's own coverage data was not saved"
