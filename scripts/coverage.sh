@@ -24,6 +24,12 @@ case "${1:-}" in
     --ci-steps) steps=main,rehearsal,cluster; shift ;;
     --steps) steps="${2:?--steps needs a list, e.g. main,rehearsal}"; shift 2 ;;
 esac
+for step in ${steps//,/ }; do
+    case "$step" in
+        main|rehearsal|cluster) ;;
+        *) echo "coverage: unknown step '$step'; choose from main, rehearsal, cluster" >&2; exit 2 ;;
+    esac
+done
 bash scripts/setup.sh requirements-test.txt
 mkdir -p .coverage-data reports
 rc="$PWD/.coveragerc"
@@ -64,7 +70,6 @@ for step in ${steps//,/ }; do
         cluster) measure cluster env flock /tmp/cluster.lock bash -c \
                      'status=0; bash scripts/test_cluster.sh "$@" || status=$?; bash scripts/cluster.sh down; exit $status' \
                      cluster "$@" ;;
-        *) echo "coverage: unknown step '$step' (main, rehearsal, cluster)" >&2; exit 2 ;;
     esac
 done
 # The map reads every step measured so far, this run's or an earlier one's.

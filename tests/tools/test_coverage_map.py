@@ -122,3 +122,10 @@ def test_a_map_drawn_inside_a_measured_process_keeps_that_process_s_own_data(tmp
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
     assert [p.name for p in (tmp_path / "own").iterdir() if p.name.startswith("cov.")], \
         "the process's own coverage data was not saved"
+
+
+def test_coverage_sh_refuses_an_unknown_step_in_one_line_before_running_anything():
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "coverage.sh"), "--steps", "main,nope"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["coverage: unknown step 'nope'; choose from main, rehearsal, cluster"]
