@@ -1,8 +1,8 @@
-"""What the main suite never runs, from scripts/coverage.sh's data.
+"""What CI never runs, from scripts/coverage.sh's data (the CI steps it measured).
 
 Prints the line coverage of each product package, the same figure for the lines outside
 GPU-only blocks (the goal in docs/RESULTS.md), and every block of lines never executed,
-with the function it sits in.
+with the function it sits in. Its first line names the CI steps the data holds.
 
 A GPU-only block is a statement whose first line carries a `# gpu-only: PROOF` comment,
 PROOF naming the gpu test or gpu_check row that runs it. The block is that statement whole
@@ -116,10 +116,22 @@ def _runs(lines: list[int], statements: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def steps_measured(folder: Path) -> str:
+    """The steps scripts/coverage.sh left in folder (each STEP/step.txt: when, seconds, exit)."""
+    found = [path.read_text().strip() for path in sorted(folder.glob("*/step.txt"))]
+    return "; ".join(found) or "unknown (no STEP/step.txt beside the data)"
+
+
 def coverage_map(data_file: Path) -> str:
     import coverage  # only the map needs it; --gpu-table runs without
 
+    # Making a Coverage object turns off the saving of the data of a process that coverage.py
+    # started itself (its _prevent_sub_process_measurement): called inside a test that
+    # scripts/coverage.sh measures, the test's xdist worker lost every line it had run.
+    measuring = getattr(coverage.process_startup, "coverage", None)
     cov = coverage.Coverage(data_file=str(data_file), config_file=str(ROOT / ".coveragerc"))
+    if measuring is not None:
+        measuring._auto_save = True
     cov.load()
     blocks = gpu_blocks()
     gpu_lines = {(b.path, n) for b in blocks for n in range(b.first, b.last + 1)}
@@ -140,7 +152,8 @@ def coverage_map(data_file: Path) -> str:
         tree = ast.parse(path.read_text())
         for first, last in _runs(sorted(s for s in missed if (rel, s) not in gpu_lines), statements):
             never.append(f"  {rel}:{first}-{last}  ({_enclosing(tree, first)})")
-    lines = ["line coverage of the main suite (all lines | outside GPU-only blocks):"]
+    lines = [f"CI steps measured: {steps_measured(data_file.parent)}",
+             "line coverage (all lines | outside GPU-only blocks):"]
     totals = [0, 0, 0, 0]
     for name, c in sorted(per_package.items()):
         totals = [t + x for t, x in zip(totals, c)]

@@ -2,7 +2,7 @@
 from torch import nn
 
 
-class AutocastInside(nn.Module):
+class AutocastInside(nn.Module):  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_with_every_flag_validate_accepts_for_it_on_gpus[dp-1]
     """Enter autocast inside each replica's forward, with the run's dtype.
 
     DataParallel runs replicas in worker threads and re-enters autocast there without

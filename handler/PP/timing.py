@@ -30,7 +30,7 @@ WARMUP, REPEATS, MAX_REPEATS, BUDGET_S = 1, 3, 20, 1.0
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
+    if device.type == "cuda":  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[pp]
         return torch.cuda.get_device_name(device)
     return f"cpu {platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
 
@@ -44,7 +44,7 @@ def cache_key(model_name: str, micro_batch: int, device: torch.device, amp: str,
 
 
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+    if device.type == "cuda":  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[pp]
         torch.cuda.synchronize(device)
 
 

@@ -1,4 +1,5 @@
 """scripts/coverage_map.py: the GPU-only blocks it finds, and the docs' copy of their table."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,14 +82,50 @@ def test_the_map_counts_gpu_only_lines_apart_and_names_each_block_never_run(tmp_
     data_file = tmp_path / "cov"
     assert coverage_map.main(["--data", str(data_file)]) == 2
     assert "no coverage data" in capsys.readouterr().err
+    (tmp_path / "main").mkdir()  # scripts/coverage.sh's record of the step measured
+    (tmp_path / "main" / "step.txt").write_text("main 2026-11-25T04:29Z 900 s, exit 0\n")
     data = coverage.CoverageData(basename=str(data_file))  # as if f(1) ran: lines 1-3 and g's def
     data.add_lines({str(source): [1, 2, 3, 7]})
     data.write()
     assert coverage_map.main(["--data", str(data_file)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "line coverage of the main suite (all lines | outside GPU-only blocks):",
+        "CI steps measured: main 2026-11-25T04:29Z 900 s, exit 0",
+        "line coverage (all lines | outside GPU-only blocks):",
         "  handler           66.7 % of     6 |  75.0 % of     4",
         "  all               66.7 % of     6 |  75.0 % of     4",
         "GPU-only blocks (docs/GPU_CHECK.md): 1, 2 lines",
         "blocks never executed outside them: 1",
         "  handler/mod.py:4-4  (f)"]
+
+
+def test_the_map_names_the_ci_steps_its_data_holds(tmp_path):
+    for step, line in (("main", "main 2026-11-25T04:29Z 900 s, exit 0"), ("rehearsal", "rehearsal 2026-11-25T04:45Z 300 s, exit 1")):
+        (tmp_path / step).mkdir()
+        (tmp_path / step / "step.txt").write_text(line + "\n")
+    assert coverage_map.steps_measured(tmp_path) == "main 2026-11-25T04:29Z 900 s, exit 0; rehearsal 2026-11-25T04:45Z 300 s, exit 1"
+    assert coverage_map.steps_measured(tmp_path / "main").startswith("unknown")
+
+
+def test_a_map_drawn_inside_a_measured_process_keeps_that_process_s_own_data(tmp_path):
+    """coverage.py turns off the saving of a process it started itself (as scripts/coverage.sh
+    starts the suite's xdist workers) once any Coverage object is made there: the map's own
+    test lost a whole worker's lines. Here a process started by coverage.py draws a map."""
+    import coverage  # requirements-test.txt
+    data = coverage.CoverageData(basename=str(tmp_path / "empty"))
+    data.add_lines({str(ROOT / "train_cifar.py"): [1]})
+    data.write()
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import coverage_map; "
+            f"coverage_map.coverage_map(__import__('pathlib').Path({str(tmp_path / 'empty')!r}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
+    env.update(COVERAGE_PROCESS_START=str(ROOT / ".coveragerc"), COVERAGE_FILE=str(tmp_path / "own" / "cov"))
+    (tmp_path / "own").mkdir()
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
+    assert [p.name for p in (tmp_path / "own").iterdir() if p.name.startswith("cov.")], \
+        "the process's own coverage data was not saved"
+
+
+def test_coverage_sh_refuses_an_unknown_step_in_one_line_before_running_anything():
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "coverage.sh"), "--steps", "main,nope"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["coverage: unknown step 'nope'; choose from main, rehearsal, cluster"]

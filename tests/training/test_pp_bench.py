@@ -22,3 +22,23 @@ def test_goal_is_checked_on_the_fastest_time_split_run_against_the_mean_referenc
     assert goal["run"] == "1f1b M=8" and goal["speedup"]["met"] and goal["slow_stage_bubble"]["met"]
     runs[1]["ranks"][0]["bubble"] = runs[1]["ranks"][1]["bubble"] = 0.16  # the slow stage idles too long
     assert not _summarise(runs, reference)["goal"]["slow_stage_bubble"]["met"]
+
+
+def test_a_pipeline_run_and_the_one_process_reference_measure_real_ranks(tmp_path):
+    """bench.pp's own measurement (worker, measure, the saved-activation count) on the
+    smallest size: one 2-stage 1F1B run and the one-process reference, spawned as in the bench."""
+    from bench.pp import measure
+    from models import build_model
+
+    size = dict(model="resnet20", batch=4, warmup=1, steps=1)
+    whole = sum(p.numel() * p.element_size() for p in build_model("resnet20", 10).parameters())
+    piped = measure(2, "1f1b", 2, "params", size, str(tmp_path))
+    ranks = piped["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert sum(r["param_bytes"] for r in ranks) == whole  # each stage holds its own part only
+    assert all(0 < r["param_bytes"] < whole and r["activation_peak_bytes"] > 0 for r in ranks)
+    assert all(0 <= r["bubble"] < 1 and r["images_per_s"] > 0 for r in ranks)
+    assert piped["split"]["cuts"]  # the cut it trained with is recorded
+    reference = measure(1, None, 2, "", size, str(tmp_path), "start")["ranks"]
+    assert len(reference) == 1 and reference[0]["param_bytes"] == whole
+    assert reference[0]["bubble"] == 0 and reference[0]["activation_peak_bytes"] > 0  # one process never waits
