@@ -79,11 +79,7 @@ def flat(sections: Iterable[Options]) -> dict:
 
 def unique(sections: Iterable[type]) -> list:
     """Each section once, in first-seen order (ddp and ddp_dali share the comm section)."""
-    seen: list = []
-    for s in sections:
-        if s not in seen:
-            seen.append(s)
-    return seen
+    return list(dict.fromkeys(sections))
 
 
 def refusal(section: type, flags: Sequence[str], owners: Sequence[str], mode: str) -> str:
