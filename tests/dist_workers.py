@@ -1,5 +1,7 @@
 """Worker functions for tests that start real gloo process groups (importable by spawn)."""
 import os
+import signal
+import time
 
 import torch
 import torch.distributed
@@ -109,3 +111,20 @@ def dies_when_stopped(proc_id, ready_dir):
     signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGKILL))
     open(os.path.join(ready_dir, f"ready{proc_id}"), "w").close()
     time.sleep(60)
+
+
+def kill_peer_then_exit_2(proc_id, folder):
+    """Rank 1 waits; rank 0 SIGKILLs it and at once exits with code 2, as a rank that finds a
+    peer lost does: both end within microseconds, before the launcher looks."""
+    pid_file = os.path.join(folder, "rank1.pid")
+    if proc_id == 1:
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        time.sleep(60)
+        return
+    while not os.path.exists(pid_file):
+        time.sleep(0.01)
+    with open(pid_file) as f:
+        os.kill(int(f.read()), signal.SIGKILL)
+    os._exit(2)

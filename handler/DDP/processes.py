@@ -85,10 +85,15 @@ def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
                 os.kill(proc.pid, signal.SIGTERM if len(signals_seen) == 1 else signal.SIGKILL)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    killed: List[Tuple[int, str]] = []
     try:
-        while not _join(ctx):
+        while not _join(ctx, killed):
             pass
     except ProcessExitedException as err:
+        if killed and not signals_seen:
+            # The cause, whichever rank torch's join reports: a peer that then lost it may have
+            # exited (code 2, naming it lost) in the same instant.
+            raise UserError(f"rank {killed[0][0]} was killed by {killed[0][1]}; the other ranks were stopped") from None
         # 2: the rank printed its one-line reason. 128+n: it stopped on signal n and said so.
         if err.exit_code == 2 or (err.exit_code or 0) > 128:
             raise SystemExit(err.exit_code) from None
@@ -103,13 +108,17 @@ def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
             signal.signal(sig, handler)
 
 
-def _join(ctx) -> bool:
-    """ctx.join, once some rank has ended. When one failed, a rank that is stopped (SIGSTOP, a
-    debugger) is killed at once: it can never stop by itself, and torch would give it two grace
-    periods and two warnings before killing it."""
+def _join(ctx, killed: List[Tuple[int, str]]) -> bool:
+    """ctx.join, once some rank has ended. Ranks that a signal killed before anything here or
+    in torch stopped a rank are added to `killed` (index, signal name). When one failed, a rank
+    that is stopped (SIGSTOP, a debugger) is killed at once: it can never stop by itself, and
+    torch would give it two grace periods and two warnings before killing it."""
     running = [p.sentinel for p in ctx.processes if p.exitcode is None]
     if running:  # none: the rest ended since the last join, which takes them now (wait([]) never returns)
         multiprocessing.connection.wait(running)
+    if not killed:
+        killed += [(i, signal.Signals(-p.exitcode).name) for i, p in enumerate(ctx.processes)
+                   if p.exitcode is not None and p.exitcode < 0]
     if any(p.exitcode not in (None, 0) for p in ctx.processes):
         for proc in ctx.processes:
             if proc.exitcode is None and _stopped(proc.pid):

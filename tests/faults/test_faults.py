@@ -146,6 +146,18 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
     assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
 
 
+def test_a_rank_killed_by_a_signal_is_named_even_when_its_peer_exits_first(tmp_path):
+    """The killed rank is the cause, whichever of the two ranks torch's join reports first
+    (regression: a peer that exited 2 in the same instant hid it, and nothing named it)."""
+    from handler.DDP.processes import run_process
+    from handler.runtime.errors import UserError
+    from tests.dist_workers import kill_peer_then_exit_2
+    for _ in range(3):  # the order the two ends are seen in varies; every one must name rank 1
+        with pytest.raises(UserError, match="rank 1 was killed by SIGKILL; the other ranks were stopped"):
+            run_process(kill_peer_then_exit_2, (str(tmp_path),), 2, use_cuda=False)
+        os.remove(tmp_path / "rank1.pid")
+
+
 def wait_for_text(proc, text, budget):
     """Seconds until text appears in proc's output (fails past SLACK * budget)."""
     start_t, deadline = time.time(), time.time() + SLACK * budget
