@@ -114,8 +114,9 @@ def dies_when_stopped(proc_id, ready_dir):
 
 
 def kill_peer_then_exit_2(proc_id, folder):
-    """Rank 1 waits; rank 0 SIGKILLs it and at once exits with code 2, as a rank that finds a
-    peer lost does: both end within microseconds, before the launcher looks."""
+    """Rank 1 waits; rank 0 SIGKILLs it and, once it is dead, at once exits with code 2, as a
+    rank that finds a peer lost does: both end within microseconds, often before the launcher
+    looks."""
     pid_file = os.path.join(folder, "rank1.pid")
     if proc_id == 1:
         with open(pid_file + ".tmp", "w") as f:
@@ -126,5 +127,16 @@ def kill_peer_then_exit_2(proc_id, folder):
     while not os.path.exists(pid_file):
         time.sleep(0.01)
     with open(pid_file) as f:
-        os.kill(int(f.read()), signal.SIGKILL)
+        peer = int(f.read())
+    os.kill(peer, signal.SIGKILL)
+    while _alive(peer):  # dead (a zombie until the launcher reaps it) before this rank ends
+        time.sleep(0.001)
     os._exit(2)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
