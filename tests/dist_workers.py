@@ -129,12 +129,13 @@ def kill_peer_then_exit_2(proc_id, folder):
     with open(pid_file) as f:
         peer = int(f.read())
     os.kill(peer, signal.SIGKILL)
-    while _alive(peer):  # dead (a zombie until the launcher reaps it) before this rank ends
+    while alive(peer):  # dead (a zombie until the launcher reaps it) before this rank ends
         time.sleep(0.001)
     os._exit(2)
 
 
-def _alive(pid):
+def alive(pid):
+    """The process runs (it exists and is no zombie)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

@@ -19,6 +19,7 @@ from handler.DDP.processes import start_method
 from handler.runtime.nvtx import PROFILER_ENV
 from handler.train.checkpoint import load_checkpoint
 from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, free_port, hung, read_metrics, run_cli
+from tests.dist_workers import alive
 
 # ~2-3 s per epoch on 2 cores: long enough to hit mid-epoch, short enough to finish.
 LONG = ["--batch-size", 32, "--valid-size", 100, "--lr", 0.05, *SMALL]
@@ -85,14 +86,6 @@ def ranks_of(pid):
     server = [p for p in family if "multiprocessing.forkserver" in cmdline(p)]
     forked = set(descendants(server[0])) if server else set()
     return sorted(p for p in family if "spawn_main" in cmdline(p) or p in forked)
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def none_alive(pids, grace=10):
