@@ -113,8 +113,19 @@ def fit(rows) -> dict:
 def _hook_medians(mine: list) -> dict:
     return {"compute_s": _median([r["compute_s"] for r in mine]), "window_s": _median([r["window_s"] for r in mine]),
             "bytes_per_step": _median([r["bytes_per_step"] for r in mine]),
+            "message_overhead_bytes": _median([message_overhead(r) for r in mine]),
             "buckets": _median([r["buckets"] for r in mine]),
             "collectives_per_bucket": mine[0]["collectives_per_bucket"]}
+
+
+def message_overhead(row: dict) -> float:
+    """Bytes a message puts on the wire beside its share of the payload (packet and gloo
+    headers, the peer's acknowledgements): what the interface counted over the ring's
+    2(n-1)/n of the gradients, per message. About 0.8 kB here at any host count; it is most of
+    PowerSGD's few bytes (docs/COMM.md)."""
+    if not row["messages"]:
+        return 0.0
+    return (row["bytes_per_step"] - row["payload_bytes_per_step"] * ring_share(row["hosts"])) / row["messages"]
 
 
 def predict_comm(params: dict, hook: str, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
@@ -147,9 +158,9 @@ def check(rows, held_out: tuple) -> dict:
 
 
 def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
-    """More hosts from the 2-host fit. The ring: each host sends 2(n-1)/n of the payload (the
-    wire bytes grow by that over 2 hosts' 1) in 2(n-1) messages per collective; beta, alpha
-    and kappa are the fit's. Two terms need one measured cell of the new host count (the fast,
+    """More hosts from the 2-host fit. The ring: each host sends 2(n-1)/n of the payload in
+    2(n-1) messages per collective, each message with the overhead the 2-host rows show;
+    beta, alpha and kappa are the fit's. Two terms need one measured cell of the new host count (the fast,
     undelayed `calibration`):
     - compute and the overlap window: n ranks share this machine's 2 cores (a real cluster's
       GPUs would not). Every hook runs the same forward and backward, so one factor serves
@@ -167,8 +178,8 @@ def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
         if cell(r) == calibration or r["hook"] not in base:
             continue
         h, b = params["hooks"][r["hook"]], base[r["hook"]]
-        wire = h["bytes_per_step"] * ring_share(hosts) / ring_share(2)
         messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
+        wire = r["payload_bytes_per_step"] * ring_share(hosts) + messages * h["message_overhead_bytes"]
         floor = b["comm_s"] - messages * params["alpha_s"]  # the calibration cell's comm, less its latency
         comm = predict_comm(params, r["hook"], floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0, h["buckets"])
         predicted = share * h["compute_s"] + max(0.0, comm - share * h["window_s"])

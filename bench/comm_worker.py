@@ -6,6 +6,7 @@ profiled run has (`batch`, `backward`, `allreduce b{k}`; nsys would be slower th
     python -m bench.comm_worker --rank R --world N --master HOST --port P --hooks H,... --cells RATE:DELAY,... ...
 """
 import argparse
+import gc
 import json
 import math
 import re
@@ -84,22 +85,31 @@ def timed_step(ddp, optimizer, images, labels, recorder) -> dict:
 
 
 class Hooked:
-    """One hook's DDP model, optimizer and batches, kept across the rounds."""
+    """One hook's model, optimizer and batches, kept across the rounds; its DDP wrapper is
+    built anew on each cell's own process group (`wire`)."""
 
     def __init__(self, hook: str, size: dict, rank: int, world: int):
         torch.manual_seed(0)
-        raw = build_model(size["model"], 10)
-        comm = CommHook(CommOptions(comm_hook=hook, powersgd_rank=size["powersgd_rank"], powersgd_warmup=2,
-                                    bucket_cap_mb=size["bucket_cap_mb"]))
+        self.raw = build_model(size["model"], 10)
+        self.comm = CommHook(CommOptions(comm_hook=hook, powersgd_rank=size["powersgd_rank"], powersgd_warmup=2,
+                                         bucket_cap_mb=size["bucket_cap_mb"]))
         self.recorder = Recorder()
-        self.ddp = comm.register(DistributedDataParallel(raw, **comm.ddp_options(), **no_buffer_sync()),
-                                 ranges=self.recorder)
-        self.optimizer = make_optimizer(raw)
+        self.ddp = None
+        self.optimizer = make_optimizer(self.raw)
         local = size["batch"] // world
         self.batches = [(x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local])
                         for x, y in fixed_batches(4, size["batch"])]
         self.done = 0
-        raw.train()
+        self.raw.train()
+
+    def wire(self, group) -> None:
+        """DDP over `group`. The ranks' weights are equal already (same seed, same updates), so
+        no broadcast: at 10 Mbit/s it would take a second. PowerSGD keeps its state."""
+        first, self.ddp = self.ddp is None, None
+        gc.collect()  # the old DDP's reducer, and its gradient hooks, go before the new one hooks in
+        ddp = DistributedDataParallel(self.raw, process_group=group, init_sync=first,
+                                      **self.comm.ddp_options(), **no_buffer_sync())
+        self.ddp = self.comm.register(ddp, ranges=self.recorder, group=group)
 
     def step(self) -> dict:
         images, labels = self.batches[self.done % len(self.batches)]
@@ -116,12 +126,28 @@ def shape(cluster: str, rate: float, delay_ms: float) -> float:
     return float(found.group(1)) if found else math.nan
 
 
+def fresh_group(old=None):
+    """A new gloo group: new TCP connections, opened on the link as it is now. A connection
+    carried over from another (rate, delay) cell brings that cell's congestion window and
+    round-trip estimate along. Measured with 4 async all-reduces of 0.27 MB, as DDP's buckets:
+    on connections from 1000 Mbit/s 0 ms, 50 Mbit/s 5 ms took 0.22-0.28 s for a few steps,
+    then 0.8-1.0 s for about 10 s (a spurious retransmission timeout, the window then held
+    near 20 segments), then 0.25 s; on connections opened at 50/5, 0.22 s from the first step
+    on (docs/COMM.md, "Fresh connections per cell")."""
+    if old is not None:
+        torch.distributed.destroy_process_group(old)
+    return torch.distributed.new_group(backend="gloo")
+
+
 def measure(size: dict, hooks: list, cells: list, rank: int, world: int, cluster: str) -> list:
     """Rounds over the (rate, delay) cells (the order rotating), and in each cell's block the
     hooks step by step, so load that drifts over minutes reaches every cell and hook alike.
-    After each reshaping one untimed step lets TCP settle to the new link."""
+    Each cell runs on connections opened after its reshaping (fresh_group); one untimed step
+    per hook builds DDP's buckets on them and lets TCP settle."""
     models = {hook: Hooked(hook, size, rank, world) for hook in hooks}
+    group = fresh_group()
     for m in models.values():
+        m.wire(group)
         for _ in range(size["warmup"]):  # DDP rebuilds its buckets; PowerSGD compresses from step 2
             m.step()
     steps = {(cell, hook): [] for cell in cells for hook in hooks}
@@ -132,8 +158,11 @@ def measure(size: dict, hooks: list, cells: list, rank: int, world: int, cluster
             if rank == 0:
                 applied[cell] = shape(cluster, *cell)
             torch.distributed.barrier()
+            group = fresh_group(group)
             order = hooks[r % len(hooks):] + hooks[:r % len(hooks)]
-            models[order[-1]].step()  # the hooks share one gloo group: one step settles its TCP
+            for hook in order:
+                models[hook].wire(group)
+                models[hook].step()
             for _ in range(size["steps"]):
                 for hook in order:  # step by step, so load that comes and goes hits every hook
                     before = sent_bytes()

@@ -69,22 +69,28 @@ class CommHook:
         return {"bucket_cap_mb": o.bucket_cap_mb, "static_graph": o.static_graph,
                 "gradient_as_bucket_view": o.grad_as_bucket_view}
 
-    def register(self, ddp, ranges=None):
+    def register(self, ddp, ranges=None, group=None):
         """Attach the hook; `ranges` (start/end) marks each bucket, by default NVTX under a profiler.
-        Unprofiled plain all-reduce keeps DDP's built-in C++ path: no Python hook at all."""
+        Unprofiled plain all-reduce keeps DDP's built-in C++ path: no Python hook at all.
+        `group`: the process group `ddp` was built on (None: the default one). Registered
+        again on a new DDP model over the same module, PowerSGD keeps its state (step count,
+        error feedback) and moves to the new group."""
         ranges = ranges or (NvtxRanges if nvtx.ACTIVE else None)
         if self.name == "allreduce" and ranges is None:
             return ddp
         if self.name == "powersgd":
-            from .powersgd import PowerSGD
-            self.powersgd = PowerSGD(ddp.module, self.options.powersgd_rank, self.options.powersgd_warmup, self.seed)
+            if self.powersgd is None:
+                from .powersgd import PowerSGD
+                self.powersgd = PowerSGD(ddp.module, self.options.powersgd_rank, self.options.powersgd_warmup,
+                                         self.seed)
+            self.powersgd.state.process_group = group
             state, hook = self.powersgd.state, self.powersgd.hook
         elif self.name in CASTS:
             hook, dtype = CASTS[self.name]
             check_backend_carries(dtype, self.name)
-            state = None
+            state = group
         else:
-            state, hook = None, allreduce_hook
+            state, hook = group, allreduce_hook
         ddp.register_comm_hook(state, in_ranges(hook, ranges) if ranges else hook)
         return ddp
 

@@ -34,6 +34,7 @@ TRUE: dict[str, Any] = {"beta": 1.2, "alpha_s": 0.0, "hooks": {
     "powersgd": {"floor_s": 0.15, "compute_s": 0.22, "window_s": 0.09, "bytes_per_step": 0.1e6, "buckets": 4,
                  "collectives_per_bucket": 3, "kappa": 2.5}}}
 RATES, DELAYS = (1000, 200, 50, 10), (0, 1, 5)
+MESSAGE_OVERHEAD = 800  # bytes beside the payload per message, as measured (bench/comm_model.py message_overhead)
 
 
 def synthetic_rows(params=TRUE, rates=RATES, delays=DELAYS, hosts=2, cells=None, cpu=1.0):
@@ -44,7 +45,9 @@ def synthetic_rows(params=TRUE, rates=RATES, delays=DELAYS, hosts=2, cells=None,
         for hook, h in params["hooks"].items():
             messages = ring_messages(hosts, h["buckets"], h["collectives_per_bucket"])
             row = {"hosts": hosts, "rate_mbit": rate, "delay_requested_ms": delay, "delay_ms": delay, "hook": hook,
-                   "bytes_per_step": h["bytes_per_step"] * ring_share(hosts), "messages": messages,
+                   "payload_bytes_per_step": h["bytes_per_step"],
+                   "bytes_per_step": h["bytes_per_step"] * ring_share(hosts) + messages * MESSAGE_OVERHEAD,
+                   "messages": messages,
                    "buckets": h["buckets"], "collectives_per_bucket": h["collectives_per_bucket"]}
             floor = h["floor_s"] * cpu * ring_share(hosts)
             comm_s = predict_comm(params, hook, floor, row["bytes_per_step"], rate, messages, delay, h["buckets"])

@@ -1,6 +1,7 @@
 """--comm-hook and the DDP bucket options: validation, ranges, PowerSGD's resumable memory,
 and every hook still learning (docs/COMM.md)."""
 import copy
+import gc
 import threading
 import time
 
@@ -177,6 +178,27 @@ def test_powersgd_state_from_a_checkpoint_continues_bit_for_bit(group):
     assert all(torch.equal(x, y) for x, y in zip(straight[-1], resumed(copy.deepcopy(saved))[-1]))
     lost = resumed(None)  # control: without the saved memory the run takes another path
     assert not all(torch.equal(x, y) for x, y in zip(straight[-1], lost[-1]))
+
+
+def test_powersgd_moved_to_a_new_ddp_on_another_group_continues_bit_for_bit(group):
+    # bench.comm wraps the same module in a new DDP on each (rate, delay) cell's own group
+    torch.manual_seed(0)
+    seed_model = build_model("resnet20", 10)
+    first, rest = _batches(4, seed=1), _batches(3, seed=2)
+    ddp, raw, _ = _powersgd_model(seed_model, cap_mb=0.1)
+    _train(ddp, raw, first)  # two plain steps, then two compressed
+    straight = _train(ddp, raw, rest)[-1]
+    ddp, raw, comm = _powersgd_model(seed_model, cap_mb=0.1)
+    _train(ddp, raw, first)
+    del ddp  # its reducer's gradient hooks go with it
+    gc.collect()
+    powersgd, other = comm.powersgd, tdist.new_group(backend="gloo")
+    moved = comm.register(torch.nn.parallel.DistributedDataParallel(raw, process_group=other, bucket_cap_mb=0.1,
+                                                                  init_sync=False),
+                          group=other)
+    assert comm.powersgd is powersgd and powersgd.state.process_group is other and powersgd.state.iter == 4
+    assert all(torch.equal(x, y) for x, y in zip(straight, _train(moved, raw, rest)[-1]))
+    assert powersgd.state.iter == 7
 
 
 def test_powersgd_state_from_another_world_size_and_rank_continues_from_the_mean_error(group):
