@@ -253,9 +253,9 @@ def modelled(rows: list, size: dict, mine: dict, gpu_epoch_s) -> dict:
             "checks": checks, "hosts_prediction": hosts, "scaling": prediction}
 
 
-FORMULA = ("step = compute + max(0, comm - window); comm = max(floor[hook] + messages * L, beta * wire_bytes * 8 "
-           "/ rate + messages / buckets * L); L = alpha + kappa[hook] * delay; messages = 2(n-1) * buckets * "
-           "collectives per bucket")
+FORMULA = ("step = compute + max(0, comm - window); comm = smax_p(floor[hook] + messages * L, beta * wire_bytes * 8 "
+           "/ rate + messages / buckets * L), smax_p(a, b) = (a^p + b^p)^(1/p); L = alpha + (kappa[pattern] + gamma "
+           "* message_MB) * delay; messages = 2(n-1) * buckets * collectives per bucket")
 TIMING = ("in-process perf_counter timings of the ranges a profiled run marks (batch, backward, allreduce b{k}), "
           "reduced by handler/profiling/comm.py's comm_stats, per step; medians over the timed steps")
 
@@ -290,7 +290,8 @@ def report(results: dict) -> str:
     fitted = model["fit_all_cells"]
     if fitted:
         lines.append(f"fit on every 2-host cell: beta {fitted['beta']:.3f}, alpha {fitted['alpha_s'] * 1e6:.0f} us "
-                     "per message, kappa (port delays each message waits) "
+                     f"per message, gamma {fitted['gamma_per_mb']:.2f} port delays per MB a message carries, p "
+                     f"{fitted['power']:g}, kappa (port delays each 2-host message waits, its size included) "
                      + ", ".join(f"{h} {v['kappa']:.2f}" for h, v in fitted["hooks"].items()))
     for c in model["checks"]:
         lines.append(f"fitted without {c['held_out'][0]:g} Mbit/s {c['held_out'][1]:g} ms, predicting it: "

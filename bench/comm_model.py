@@ -2,21 +2,28 @@
 (rate, delay) cell and on more hosts, then used to predict DDP's scaling on real clusters.
 
     step = compute + max(0, comm - window)
-    comm = max(floor[hook] + messages * L, beta * wire_bytes * 8 / rate + messages / buckets * L)
-    L = alpha + kappa[hook] * delay         messages = 2 (n - 1) * buckets * collectives per bucket
+    comm = smax_p(floor[hook] + messages * L, beta * wire_bytes * 8 / rate + messages / buckets * L)
+    L = alpha + (kappa[pattern] + gamma * message_MB) * delay
+    messages = 2 (n - 1) * buckets * collectives per bucket     smax_p(a, b) = (a^p + b^p)^(1/p)
 
 compute (step minus exposed comm) and window (backward compute between the first and the
 last bucket launch: what comm can hide behind) are each hook's medians over the fitted rows.
 The exchange is bound by the wire (beta: link efficiency, 1 when the shaped rate is fully
 used) or, on a fast link, by the CPU's part of it (copies, compression, contention with
-backward: each hook's floor). Latency L is what a message waits: alpha with no delay added,
-plus kappa times the delay of one switch port (every host's link is delayed alike, so a
-message host to host crosses two ports: kappa 2 when a message waits one crossing, 4 when
-it waits a round trip; less when a hook's buckets wait side by side). A CPU-bound exchange
-waits every message in turn, a wire-bound one only one bucket's: meanwhile the next
-bucket's bytes keep the link busy. beta and alpha are one for all hooks, kappa one per hook;
-at a fixed host count alpha cannot be told apart from the floors (each hook's messages are
-fixed), so the fit keeps it only where the floors leave a need for it (docs/COMM.md).
+backward: each hook's floor). Where the two bounds are close they partly add: p, chosen
+from (2, 4, 8, inf) by the fitted rows' squared error (inf: the plain maximum).
+
+Latency L is what a message waits: alpha with no delay added, plus port delays (every
+host's link is delayed alike, so a message host to host crosses two ports: 2 when a message
+waits one crossing, 4 when it waits a round trip). How many depends on the hook's message
+pattern, one kappa per collectives per bucket (one all-reduce per bucket: allreduce, fp16,
+bf16; three in turn: PowerSGD), and on the message's size: gamma port delays per MB a
+message carries (a bigger message needs more of TCP's window over the round trip). A
+CPU-bound exchange waits every message in turn, a wire-bound one only one bucket's:
+meanwhile the next bucket's bytes keep the link busy. beta, alpha and gamma are one for all
+hooks; at a fixed host count alpha cannot be told apart from the floors (each hook's
+messages are fixed), so the fit keeps it only where the floors leave a need for it
+(docs/COMM.md).
 """
 import math
 from typing import Any
@@ -28,6 +35,13 @@ GBITS = (1, 10, 25, 100)
 BETAS = np.linspace(0.5, 2.0, 151)
 FLOOR_MARGIN = 1.25
 ROUNDS = 8  # alternations between the latency's least squares and the floors; they settle in a few
+POWERS = (2.0, 4.0, 8.0, math.inf)  # how the CPU's and the wire's bounds combine (inf: the larger one)
+
+
+def soft_max(a, b, power: float):
+    """(a^p + b^p)^(1/p): the larger bound, plus part of the smaller where they are close."""
+    a, b = np.maximum(a, 0.0), np.maximum(b, 0.0)
+    return np.maximum(a, b) if math.isinf(power) else (a ** power + b ** power) ** (1 / power)
 
 
 def line_time(wire_bytes: float, rate_mbit: float) -> float:
@@ -45,9 +59,13 @@ def ring_share(hosts: int) -> float:
 
 
 def _terms(rows) -> np.ndarray:
-    """Per row: wire seconds at beta 1, messages, messages of one bucket, delay (s)."""
+    """Per row: wire seconds at beta 1, messages, messages of one bucket, delay (s), MB per message."""
     return np.array([[line_time(r["bytes_per_step"], r["rate_mbit"]), r["messages"], r["messages"] / r["buckets"],
-                      (r["delay_ms"] or 0.0) / 1e3] for r in rows])
+                      (r["delay_ms"] or 0.0) / 1e3, message_mb(r["bytes_per_step"], r["messages"])] for r in rows])
+
+
+def message_mb(wire_bytes: float, messages: float) -> float:
+    return wire_bytes / messages / 1e6 if messages else 0.0
 
 
 def _solve(terms, target) -> np.ndarray:
@@ -63,50 +81,56 @@ def _solve(terms, target) -> np.ndarray:
     return coef
 
 
-def _branches(terms, floor, beta: float, alpha: float, kappa) -> tuple:
-    """Both bounds of comm for each row (kappa: each row's hook's), and which holds (True: the CPU's)."""
-    latency = alpha + kappa * terms[:, 3]
+def _branches(terms, floor, beta: float, alpha: float, kappa, gamma: float) -> tuple:
+    """Both bounds of comm for each row (kappa: each row's pattern's), and which holds (True: the CPU's)."""
+    latency = alpha + (kappa + gamma * terms[:, 4]) * terms[:, 3]
     cpu = floor + terms[:, 1] * latency
     wire = beta * terms[:, 0] + terms[:, 2] * latency
     return cpu, wire, cpu >= wire
 
 
-def _fit_at(rows, hooks, terms, comm, beta: float) -> tuple:
-    """For one beta: floors, alpha and each hook's kappa, alternately, until they settle; the
-    squared error. A row bound by the CPU waits every message's latency; one bound by the wire
-    one bucket's."""
+def _fit_at(rows, hooks, patterns, terms, comm, beta: float) -> tuple:
+    """For one beta: floors, then alpha, each pattern's kappa and gamma, alternately, until
+    they settle; the squared error. A row bound by the CPU waits every message's latency; one
+    bound by the wire one bucket's."""
     hook = np.array([r["hook"] for r in rows])
-    onehot = np.array([[h == k for k in hooks] for h in hook], float)
-    coef = np.zeros(1 + len(hooks))
+    onehot = np.array([[r["collectives_per_bucket"] == k for k in patterns] for r in rows], float)
+    coef = np.zeros(2 + len(patterns))  # alpha, kappa per pattern, gamma
     on_cpu = comm > FLOOR_MARGIN * beta * terms[:, 0]
     floors, floor = {h: 0.0 for h in hooks}, np.zeros(len(rows))
     for _ in range(ROUNDS):
-        kappa = onehot @ coef[1:]
-        rest = comm - terms[:, 1] * (coef[0] + kappa * terms[:, 3])
+        waits = (onehot @ coef[1:-1] + coef[-1] * terms[:, 4]) * terms[:, 3]
+        rest = comm - terms[:, 1] * (coef[0] + waits)
         floors = {h: float(np.mean(rest[on_cpu & (hook == h)])) if (on_cpu & (hook == h)).any() else 0.0
                   for h in hooks}
         floor = np.array([floors[h] for h in hook])
         count = np.where(on_cpu, terms[:, 1], terms[:, 2])  # messages whose latency the row waits
         target = comm - np.where(on_cpu, floor, beta * terms[:, 0])
-        settled, coef = coef, _solve(np.c_[count, (count * terms[:, 3])[:, None] * onehot], target)
-        now = _branches(terms, floor, beta, coef[0], onehot @ coef[1:])[2]
+        delayed = count * terms[:, 3]
+        settled, coef = coef, _solve(np.c_[count, delayed[:, None] * onehot, delayed * terms[:, 4]], target)
+        now = _branches(terms, floor, beta, coef[0], onehot @ coef[1:-1], coef[-1])[2]
         if np.allclose(settled, coef, rtol=1e-6, atol=1e-9) and (now == on_cpu).all():
             break
         on_cpu = now
-    cpu, wire, _ = _branches(terms, floor, beta, coef[0], onehot @ coef[1:])
-    return float(np.sum((np.maximum(cpu, wire) - comm) ** 2)), coef, floors
+    cpu, wire, _ = _branches(terms, floor, beta, coef[0], onehot @ coef[1:-1], coef[-1])
+    return float(np.sum((np.maximum(cpu, wire) - comm) ** 2)), coef, floors, (cpu, wire)
 
 
 def fit(rows) -> dict:
     hooks = sorted({r["hook"] for r in rows})
+    patterns = sorted({r["collectives_per_bucket"] for r in rows})
     params: dict[str, Any] = {"hooks": {h: _hook_medians([r for r in rows if r["hook"] == h]) for h in hooks}}
     terms, comm = _terms(rows), np.array([r["comm_s"] for r in rows])
-    best = min((_fit_at(rows, hooks, terms, comm, float(beta)) + (float(beta),) for beta in BETAS),
+    best = min((_fit_at(rows, hooks, patterns, terms, comm, float(beta)) + (float(beta),) for beta in BETAS),
                key=lambda found: found[0])
-    _, coef, floors, beta = best
-    params.update(beta=beta, alpha_s=float(coef[0]))
-    for k, h in enumerate(hooks):
-        params["hooks"][h].update(floor_s=floors[h], kappa=float(coef[1 + k]))
+    _, coef, floors, (cpu, wire), beta = best
+    power = min(POWERS, key=lambda p: float(np.sum((soft_max(cpu, wire, p) - comm) ** 2)))
+    params.update(beta=beta, alpha_s=float(coef[0]), gamma_per_mb=float(coef[-1]), power=power)
+    for h, mine in params["hooks"].items():
+        base = float(coef[1 + patterns.index(mine["collectives_per_bucket"])])
+        # kappa: the port delays one of this hook's 2-host messages waits, its size included
+        at_two = message_mb(mine["bytes_per_step"], ring_messages(2, mine["buckets"], mine["collectives_per_bucket"]))
+        mine.update(floor_s=floors[h], kappa_base=base, kappa=base + params["gamma_per_mb"] * at_two)
     return params
 
 
@@ -132,9 +156,11 @@ def predict_comm(params: dict, hook: str, floor: float, wire_bytes: float, rate_
                  delay_ms: float, buckets: float) -> float:
     """The CPU's bound waits every message's latency; the wire's only one bucket's (while a
     message waits, the next bucket's bytes keep the link busy)."""
-    latency = params["alpha_s"] + params["hooks"][hook]["kappa"] * delay_ms / 1e3
-    return max(floor + messages * latency,
-               params["beta"] * line_time(wire_bytes, rate_mbit) + messages / buckets * latency)
+    waits = params["hooks"][hook]["kappa_base"] + params["gamma_per_mb"] * message_mb(wire_bytes, messages)
+    latency = params["alpha_s"] + waits * delay_ms / 1e3
+    return float(soft_max(floor + messages * latency,
+                          params["beta"] * line_time(wire_bytes, rate_mbit) + messages / buckets * latency,
+                          params["power"]))
 
 
 def predict_step(params: dict, hook: str, row: dict) -> float:
@@ -199,7 +225,9 @@ def scaling(params: dict, hooks: dict, gpu_step_s: float, port_latency_s: float,
     hooks: name -> {"payload_bytes", "buckets", "collectives_per_bucket"}. A ring all-reduce sends
     2(n-1)/n of the payload per GPU in 2(n-1) latency-bound steps per collective; as in the fit,
     a wire-bound exchange waits one bucket's latency, a latency-bound one every message's. Each
-    message's latency: the fitted alpha plus the hook's fitted kappa times `port_latency_s`. The overlap
+    message's latency: the fitted alpha plus the hook's fitted kappa (the port delays one of its
+    lab-size messages waits; gamma's size term is not stretched to other buckets) times
+    `port_latency_s`. The overlap
     window keeps the share of the step it has in the fitted rows (allreduce's); the CPU floors
     are left out (a GPU's copies and compression are not this CPU's), and said so.
     """
@@ -216,8 +244,9 @@ def scaling(params: dict, hooks: dict, gpu_step_s: float, port_latency_s: float,
             for g in gbits:
                 sent = ring_share(n) * h["payload_bytes"] * overhead
                 messages = ring_messages(n, h["buckets"], h["collectives_per_bucket"])
-                comm = max(messages * latency_s,  # no CPU floor: a GPU's copies are not this CPU's
-                           params["beta"] * line_time(sent, g * 1000) + messages / h["buckets"] * latency_s)
+                comm = float(soft_max(messages * latency_s,  # no CPU floor: a GPU's copies are not this CPU's
+                                      params["beta"] * line_time(sent, g * 1000) + messages / h["buckets"] * latency_s,
+                                      params["power"]))
                 table[hook][f"{n}x{g}"] = gpu_step_s / (gpu_step_s + max(0.0, comm - window))
     return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "latency_s": latency,
             "nodes": list(nodes), "gbits": list(gbits)}

@@ -24,15 +24,15 @@ from tests.conftest import ROOT, run_process
 
 # What the synthetic rows obey. alpha 0: at one host count a per-message cost beside the delay
 # hides in the floors (bench/comm_model.py), so only a model without it can be recovered exactly.
-TRUE: dict[str, Any] = {"beta": 1.2, "alpha_s": 0.0, "hooks": {
+TRUE: dict[str, Any] = {"beta": 1.2, "alpha_s": 0.0, "gamma_per_mb": 2.0, "power": math.inf, "hooks": {
     "allreduce": {"floor_s": 0.10, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 1.1e6, "buckets": 4,
-                  "collectives_per_bucket": 1, "kappa": 1.5},
+                  "collectives_per_bucket": 1, "kappa_base": 1.5},
     "fp16": {"floor_s": 0.11, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 0.55e6, "buckets": 4,
-             "collectives_per_bucket": 1, "kappa": 1.5},
+             "collectives_per_bucket": 1, "kappa_base": 1.5},
     "bf16": {"floor_s": 0.11, "compute_s": 0.21, "window_s": 0.08, "bytes_per_step": 0.55e6, "buckets": 4,
-             "collectives_per_bucket": 1, "kappa": 2.0},
+             "collectives_per_bucket": 1, "kappa_base": 1.5},
     "powersgd": {"floor_s": 0.15, "compute_s": 0.22, "window_s": 0.09, "bytes_per_step": 0.1e6, "buckets": 4,
-                 "collectives_per_bucket": 3, "kappa": 2.5}}}
+                 "collectives_per_bucket": 3, "kappa_base": 2.5}}}
 RATES, DELAYS = (1000, 200, 50, 10), (0, 1, 5)
 MESSAGE_OVERHEAD = 800  # bytes beside the payload per message, as measured (bench/comm_model.py message_overhead)
 
@@ -64,10 +64,21 @@ def test_the_fit_recovers_the_link_latency_and_hook_costs_of_rows_that_obey_it()
     assert params["alpha_s"] == pytest.approx(0, abs=1e-6)
     for hook in ("allreduce", "fp16", "bf16", "powersgd"):
         assert params["hooks"][hook]["floor_s"] == pytest.approx(TRUE["hooks"][hook]["floor_s"], rel=0.02)
-        assert params["hooks"][hook]["kappa"] == pytest.approx(TRUE["hooks"][hook]["kappa"], rel=0.02)
+        assert params["hooks"][hook]["kappa_base"] == pytest.approx(TRUE["hooks"][hook]["kappa_base"], rel=0.02)
+    assert params["gamma_per_mb"] == pytest.approx(TRUE["gamma_per_mb"], rel=0.02)
+    assert params["power"] == TRUE["power"]
+    # allreduce's 2-host messages carry 0.069 MB more than fp16's: gamma x 0.069 more port delays
+    assert params["hooks"]["allreduce"]["kappa"] - params["hooks"]["fp16"]["kappa"] == pytest.approx(2.0 * 0.0688, rel=0.02)
     checked = check(synthetic_rows(), (50, 1))
     assert checked["held_out"] == [50, 1] and set(checked["per_hook"]) == set(TRUE["hooks"])
     assert checked["worst"] < 0.01
+
+
+def test_bounds_that_partly_add_are_fitted_with_their_power():
+    """PowerSGD at 4 hosts and 10 Mbit/s: its CPU floor and its wire nearly equal, the exchange
+    took more than either (docs/COMM.md): rows made with p = 4 pick 4, not the maximum."""
+    for power in (4.0, 8.0):
+        assert fit(synthetic_rows({**TRUE, "power": power}))["power"] == power
 
 
 def test_a_fit_without_the_latency_term_misses_delayed_rows():
