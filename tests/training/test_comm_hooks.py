@@ -158,12 +158,16 @@ def test_powersgd_memory_follows_parameters_whatever_the_bucket_layout(group, ca
         assert all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step} differs between bucket layouts"
 
 
-def test_powersgd_state_from_a_checkpoint_continues_bit_for_bit(group):
+def _compressing():
+    """A PowerSGD model after two plain steps and two compressed ones; the batches that follow."""
     torch.manual_seed(0)
-    seed_model = build_model("resnet20", 10)
-    first, rest = _batches(4, seed=1), _batches(3, seed=2)
-    ddp, raw, comm = _powersgd_model(seed_model, cap_mb=0.1)
-    _train(ddp, raw, first)  # two plain steps, then two compressed
+    ddp, raw, comm = _powersgd_model(build_model("resnet20", 10), cap_mb=0.1)
+    _train(ddp, raw, _batches(4, seed=1))
+    return ddp, raw, comm, _batches(3, seed=2)
+
+
+def test_powersgd_state_from_a_checkpoint_continues_bit_for_bit(group):
+    ddp, raw, comm, rest = _compressing()
     saved = comm.state_dict()
     assert saved["iter"] == 4 and saved["world_size"] == 1
     assert any(piece["q"] is not None for piece in saved["ranks"][0].values())
@@ -182,14 +186,9 @@ def test_powersgd_state_from_a_checkpoint_continues_bit_for_bit(group):
 
 def test_powersgd_moved_to_a_new_ddp_on_another_group_continues_bit_for_bit(group):
     # bench.comm wraps the same module in a new DDP on each (rate, delay) cell's own group
-    torch.manual_seed(0)
-    seed_model = build_model("resnet20", 10)
-    first, rest = _batches(4, seed=1), _batches(3, seed=2)
-    ddp, raw, _ = _powersgd_model(seed_model, cap_mb=0.1)
-    _train(ddp, raw, first)  # two plain steps, then two compressed
+    ddp, raw, _, rest = _compressing()
     straight = _train(ddp, raw, rest)[-1]
-    ddp, raw, comm = _powersgd_model(seed_model, cap_mb=0.1)
-    _train(ddp, raw, first)
+    ddp, raw, comm, _ = _compressing()
     del ddp  # its reducer's gradient hooks go with it
     gc.collect()
     powersgd, other = comm.powersgd, tdist.new_group(backend="gloo")
