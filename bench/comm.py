@@ -8,8 +8,10 @@ Hosts of scripts/cluster.sh (`up --net-only --nodes N`: network namespaces on a 
 nothing in the root namespace, addresses from 198.18.0.0/24), one rank on each, gloo over
 their links, one DDP model per hook in each rank (bench/comm_worker.py). Rounds go over the
 (rate, delay) cells: rank 0 reshapes every host's link (`scripts/cluster.sh shape`: both
-directions, tbf rate, delay by netem or the cluster's delay line), one untimed step lets TCP
-settle, then the hooks take turns, step by step, for a few timed steps each. The cell order
+directions, tbf rate, delay by netem or the cluster's delay line), the ranks open new
+connections on the new link (a new gloo group: TCP's state from the cell before would skew
+this one), one untimed step per hook lets TCP settle, then the hooks take turns, step by
+step, for a few timed steps each. The cell order
 rotates from round to round, so load from other jobs that comes and goes reaches every cell
 and hook alike. Every host's link is shaped alike (rate and delay), so each ring hop costs
 the same: the case the ring formula describes. resnet20, global batch 16 per 2 hosts (8 per rank at any host count),
