@@ -202,7 +202,8 @@ def main(argv=None) -> dict:
         runs = _pairs(size, folder)
         reference.append({"ranks": measure(1, None, 4, "", size, folder, "end")["ranks"]})
         result = _summarise(runs, reference)
-        result["goal"] = _goal(_confirm(*result["fastest_time_run"], size, folder))
+        schedule, m = result["fastest_time_run"]
+        result["goal"] = _goal(_confirm(schedule, m, size, folder))
     mib = 2 ** 20
     rows = [(r["split"], r["schedule"], r["microbatches"], r["ranks"][0]["images_per_s"], r["speedup_over_1_process"],
              r["theoretical_bubble"], *(x["bubble"] for x in r["ranks"]), _stage_text(r),
