@@ -20,7 +20,8 @@
 # nsys 10 x TIMEOUT_S after training finished in any case (a tree busy-polling forever).
 # A stuck tree is ended by PID: SIGTERM to nsys (which then stops its session and writes what
 # it has), and after TIMEOUT_S more, SIGKILL to nsys and to every process it had started that
-# is still there (the stuck training process among them).
+# is still there (the stuck training process among them, and nsys's agent, a daemon outside
+# the tree: `agents`).
 # The cause goes to CAUSEFILE, for launch.sh to print. The watchdog exits once nsys is gone
 # (within a second when nsys ends by itself), so launch.sh waits for it rather than killing it.
 set -uo pipefail
@@ -39,6 +40,22 @@ tree() {
               for (changed = 1; changed;) { changed = 0
                   for (p in parent) if (!(p in keep) && (parent[p] in keep)) { keep[p] = 1; changed = 1 } }
               for (p in parent) if (p in keep) print p, start[p] }'
+}
+
+# "pid start-time" of each agent this nsys started. nsys 2022.4 starts its agent as a daemon
+# (parent init, a session of its own), so it is not in `tree`; the agent's --session-name ends
+# in the nsys client's PID (profile-<program>-<PID>). An agent started before nsys is another's.
+# Left alive after a killed nsys, an agent stays until the machine reboots.
+agents() {
+    local file pid start root_start
+    root_start="$(awk '{sub(/^.*\) /, ""); print $20}' "/proc/$root/stat" 2>/dev/null)"
+    [[ -n $root_start ]] || return 0
+    for file in $(grep -lszx -e "--session-name=.*-$root" /proc/[0-9]*/cmdline); do
+        grep -qszx -e "--start-agent" "$file" || continue
+        pid=${file#/proc/}; pid=${pid%/cmdline}
+        start="$(awk '{sub(/^.*\) /, ""); print $20}' "/proc/$pid/stat" 2>/dev/null)"
+        [[ -n $start ]] && (( start >= root_start )) && echo "$pid $start"
+    done
 }
 
 # One line per thread of the processes in `tree` output (stdin): "t TID NS", the nanoseconds
@@ -122,7 +139,7 @@ while alive; do
 done
 alive || exit 0
 
-started="$(tree)"
+started="$(tree; agents)"
 kill -TERM "$root" 2>/dev/null || exit 0
 echo "$cause; ending it by PID" >"$causefile"
 for ((waited = 0; waited < timeout_s * 10; waited++)); do alive || break; sleep 0.1; done

@@ -5,6 +5,7 @@ umask 000, writes a report, and can then hang as nsys 2022.4 once did (a stuck c
 behind, SIGTERM ignored). One test runs the real nsys when it is installed.
 """
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -43,6 +44,12 @@ work() {{
     done
 }}
 [[ ${{FAKE_NSYS_AFTER:-}} == busy ]] && {{ work 3600 & agent=$!; }}
+# hang: an agent as nsys 2022.4 starts one, a daemon (init its parent, a session of its own)
+# whose --session-name ends in this nsys's PID.
+if [[ ${{FAKE_NSYS_AFTER:-}} == hang ]]; then
+    (setsid "{sys.executable}" -c "import time; time.sleep(3600)" --start-agent \
+        --session-name="profile-python-$$" </dev/null >/dev/null 2>&1 & echo $! >"$FAKE_NSYS_AGENT_PID")
+fi
 (umask 000; exec "$@")
 status=$?
 echo "partial report" >"$out.nsys-rep"
@@ -89,10 +96,15 @@ def process_exists(pid: int) -> bool:
 
 
 def test_a_hung_nsys_is_ended_after_the_timeout_with_a_one_line_cause(tmp_path, fake_nsys):
-    stuck = tmp_path / "stuck.pid"
+    stuck, agent = tmp_path / "stuck.pid", tmp_path / "agent.pid"
     started = time.monotonic()
-    run = launch(tmp_path, budget=30, PATH=fake_nsys, FAKE_NSYS_AFTER="hang", FAKE_NSYS_STUCK_PID=str(stuck),
-                 NSYS_EXIT_TIMEOUT="3")
+    try:
+        run = launch(tmp_path, budget=30, PATH=fake_nsys, FAKE_NSYS_AFTER="hang", FAKE_NSYS_STUCK_PID=str(stuck),
+                     FAKE_NSYS_AGENT_PID=str(agent), NSYS_EXIT_TIMEOUT="3")
+        agent_left = process_exists(int(agent.read_text()))
+    finally:  # the stand-in agent this test's fake nsys started, if the watchdog missed it
+        if agent.exists() and process_exists(int(agent.read_text())):
+            os.kill(int(agent.read_text()), signal.SIGKILL)
     elapsed = time.monotonic() - started
     logs = tmp_path / "out" / "logs"
     finished = (logs / "dp_cpu1.metrics.json").stat().st_mtime
@@ -104,6 +116,7 @@ def test_a_hung_nsys_is_ended_after_the_timeout_with_a_one_line_cause(tmp_path, 
     # After training: 3 s without progress, 3 s for SIGTERM, polling, and the analysis of the report.
     assert time.time() - finished < 30, (elapsed, run.stderr[-2000:])
     assert not process_exists(int(stuck.read_text())), "the stuck child nsys left behind is still running"
+    assert not agent_left, "nsys's agent, a daemon outside its process tree, outlived the ended nsys"
 
 
 def test_a_busy_nsys_writing_its_report_is_never_ended(tmp_path, fake_nsys):
