@@ -153,13 +153,18 @@ def _pairs(size, folder) -> list:
     return sorted(runs, key=lambda r: (r["schedule"] != "gpipe", r["microbatches"], r["split"]))
 
 
+def _slow_stage_bubble(ranks) -> float:
+    """The bubble of the stage that idles least: the one that sets the pace."""
+    return min(x["bubble"] for x in ranks)
+
+
 def _summarise(runs, reference) -> dict:
     """Per run: speed over one process and the slow stage's bubble; per config: time / params;
     which time-split run is fastest (the goal's run, paired afterwards by _confirm)."""
     base = sum(r["ranks"][0]["images_per_s"] for r in reference) / len(reference)
     for r in runs:
         r["speedup_over_1_process"] = ratio(r["ranks"][0]["images_per_s"], base)
-        r["slow_stage_bubble"] = min(x["bubble"] for x in r["ranks"])
+        r["slow_stage_bubble"] = _slow_stage_bubble(r["ranks"])
     by = {(r["schedule"], r["microbatches"], r["split"]): r for r in runs}
     paired = {f"{s} M={m}": ratio(by[s, m, "time"]["ranks"][0]["images_per_s"], by[s, m, "params"]["ranks"][0]["images_per_s"])
               for (s, m, split) in by if split == "time"}
@@ -176,7 +181,7 @@ def _confirm(schedule: str, m: int, size, folder) -> dict:
                     size["rounds"])
     return {"run": f"{schedule} M={m}",
             "speedups": [ratio(p[0]["images_per_s"], r["images_per_s"]) for r, p in zip(got["reference"], got["time"])],
-            "slow_stage_bubbles": [min(x["bubble"] for x in p) for p in got["time"]],
+            "slow_stage_bubbles": [_slow_stage_bubble(p) for p in got["time"]],
             "reference_images_per_s": [r["images_per_s"] for r in got["reference"]]}
 
 

@@ -42,18 +42,21 @@ tree() {
               for (p in parent) if (p in keep) print p, start[p] }'
 }
 
+# A process's start time (clock ticks after boot), which tells a reused PID; empty once it is gone.
+start_of() { awk '{ sub(/^.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }
+
 # "pid start-time" of each agent this nsys started. nsys 2022.4 starts its agent as a daemon
 # (parent init, a session of its own), so it is not in `tree`; the agent's --session-name ends
 # in the nsys client's PID (profile-<program>-<PID>). An agent started before nsys is another's.
 # Left alive after a killed nsys, an agent stays until the machine reboots.
 agents() {
     local file pid start root_start
-    root_start="$(awk '{sub(/^.*\) /, ""); print $20}' "/proc/$root/stat" 2>/dev/null)"
+    root_start="$(start_of "$root")"
     [[ -n $root_start ]] || return 0
     for file in $(grep -lszx -e "--session-name=.*-$root" /proc/[0-9]*/cmdline); do
         grep -qszx -e "--start-agent" "$file" || continue
         pid=${file#/proc/}; pid=${pid%/cmdline}
-        start="$(awk '{sub(/^.*\) /, ""); print $20}' "/proc/$pid/stat" 2>/dev/null)"
+        start="$(start_of "$pid")"
         [[ -n $start ]] && (( start >= root_start )) && echo "$pid $start"
     done
 }
@@ -146,7 +149,7 @@ for ((waited = 0; waited < timeout_s * 10; waited++)); do alive || break; sleep 
 how="SIGTERM"
 if alive; then how="SIGTERM, then SIGKILL"; fi
 while read -r pid start; do
-    [[ -n $pid && $(awk '{sub(/^.*\) /, ""); print $20}' "/proc/$pid/stat" 2>/dev/null) == "$start" ]] \
+    [[ -n $pid && $(start_of "$pid") == "$start" ]] \
         && kill -KILL "$pid" 2>/dev/null
 done <<<"$started"
 echo "$cause; ended it by PID ($how)" >"$causefile"
