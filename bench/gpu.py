@@ -3,9 +3,9 @@
     python -m bench.gpu [--quick] [--json PATH] [--workers N] [--data DIR]
 
 Each mode trains train_cifar.py's ResNet-18 on 1 GPU through the comparison runner
-(handler/compare: scripts/launch.sh, unprofiled), with bf16 autocast when the GPU
-supports it and channels_last, on a CIFAR-sized synthetic set (50,000 train images;
-2,048 with --quick). cudnn.benchmark is on (the trainer turns it on for every GPU run).
+(handler/compare: scripts/launch.sh, unprofiled), with bf16 autocast when the GPU runs
+it natively (compute capability 8.0+) and channels_last, on a CIFAR-sized synthetic set
+(50,000 train images; 2,048 with --quick). cudnn.benchmark is on (the trainer turns it on for every GPU run).
 
 Both modes are timed by the same clock, the training loop's epoch clock: it starts before
 the loader's per-epoch set-up, so DALI's pipeline rebuild and the DataLoader's worker
@@ -57,9 +57,10 @@ def report(results: dict) -> str:
             + "".join(f"\n{mode} failed: {err}" for mode, err in results["failures"].items()))
 
 
-def precision_args() -> list:  # gpu-only: tests/machine/test_bench_gpu.py::test_the_quick_bench_times_both_modes_on_a_gpu
-    import torch
-    return (["--amp", "bf16"] if torch.cuda.is_bf16_supported() else []) + ["--channels-last"]
+def precision_args() -> list:
+    """bf16 only where the GPU runs it natively: emulated bf16 would time the emulation."""
+    from handler.runtime.gpu_precision import native_bf16
+    return (["--amp", "bf16"] if native_bf16(1) else []) + ["--channels-last"]
 
 
 def gpu_name() -> str:  # gpu-only: tests/machine/test_bench_gpu.py::test_the_quick_bench_times_both_modes_on_a_gpu

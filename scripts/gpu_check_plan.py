@@ -6,7 +6,7 @@ so its send/recv between stages, and the checkpoint gathered from two, are the 2
 """
 import fnmatch
 from dataclasses import dataclass, replace
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from handler.DALI.options import SOURCES as DALI_SOURCES  # every --dali-source gets a check
 
@@ -62,7 +62,7 @@ def train(name: str, *args: str, gpus: int = 1, skip: str = "", **expect: object
 def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = True, bf16: bool = True) -> List[Check]:
     """The checks for a machine with `gpus` visible GPUs; what cannot run carries its reason."""
     no_dali = "" if dali else "NVIDIA DALI is not installed"
-    no_bf16 = "" if bf16 else "this GPU has no bf16 (torch.cuda.is_bf16_supported() is False)"
+    no_bf16 = "" if bf16 else "this GPU has no native bf16 (compute capability below 8.0; handler/runtime/gpu_precision.py)"
     no_pytest = "" if pytest_ok else "pytest is not installed"
     checks = [Check("gpu-marked tests", "pytest", ("-m", GPU_TESTS, "tests", "-k",
                                                    f"not {ONE_GPU_MODES_TEST} and not {SIGSTOP_TEST}"),
@@ -111,8 +111,9 @@ def two_gpu_pass(no_dali: str, no_pytest: str, amp: str, tests: bool) -> List[Ch
     ]
 
 
-# Seconds each check is expected to take, read from the code (launches x start-up + the epoch),
-# NEVER measured on a GPU: docs/GPU_CHECK.md "Estimates". On an H100 one launch costs about 8 s
+# Seconds each check is expected to take before a run has measured it, read from the code
+# (launches x start-up + the epoch): docs/GPU_CHECK.md "Estimates". A run's gpu_check.json
+# records each check's seconds, and the next run in the same --out uses them instead. On an H100 one launch costs about 8 s
 # of start-up (torch import, CUDA context, NCCL set-up) plus a 2,560-image epoch; on a CPU
 # (the rehearsal) about 5 s with tiny data, measured on 2 cores.
 LAUNCHES: Dict[str, int] = {"train": 1, "resume": 2, "sigterm": 2, "profile": 1, "pytest": 1}
@@ -125,10 +126,13 @@ ESTIMATE_BY_NAME_S: Dict[str, Dict[str, float]] = {
 }
 
 
-def estimate_s(check: Check, scale: Scale = GPU) -> float:
-    """The estimate of one check at this scale; 0 for one that is skipped."""
+def estimate_s(check: Check, scale: Scale = GPU, measured: Optional[Mapping[str, float]] = None) -> float:
+    """The estimate of one check at this scale: its seconds in the last run that measured it
+    (`measured`, by check name), else the table below; 0 for one that is skipped."""
     if check.skip:
         return 0.0
+    if measured and check.name in measured:
+        return measured[check.name]
     by_name = ESTIMATE_BY_NAME_S[scale.device]
     if check.name in by_name:
         return by_name[check.name]
@@ -136,9 +140,10 @@ def estimate_s(check: Check, scale: Scale = GPU) -> float:
 
 
 def select(checks: Sequence[Check], only: Sequence[str] = (), part: Tuple[int, int] = (1, 1),
-           scale: Scale = GPU) -> List[Check]:
+           scale: Scale = GPU, measured: Optional[Mapping[str, float]] = None) -> List[Check]:
     """The checks named by --only (shell patterns; each must match one), then part K of N:
-    consecutive checks, cut where the estimates at this scale add up to about 1/N each."""
+    consecutive checks, cut where the estimates at this scale (measured ones first) add up to
+    about 1/N each."""
     if only:
         unmatched = [p for p in only if not any(fnmatch.fnmatchcase(c.name, p) for c in checks)]
         if unmatched:
@@ -147,7 +152,7 @@ def select(checks: Sequence[Check], only: Sequence[str] = (), part: Tuple[int, i
     k, n = part
     if not checks:
         return []
-    costs = [estimate_s(c, scale) or 1.0 for c in checks]  # a skipped check still has a part
+    costs = [estimate_s(c, scale, measured) or 1.0 for c in checks]  # a skipped check still has a part
     total, before, chosen = sum(costs), 0.0, []
     for check, cost in zip(checks, costs):
         if min(n - 1, int((before + cost / 2) / total * n)) == k - 1:

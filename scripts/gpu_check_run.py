@@ -101,19 +101,22 @@ class Runner:
         shutil.rmtree(folder, ignore_errors=True)
         if check.kind == "pytest":
             return self.pytest(check, folder)
-        if check.kind == "train":
-            proc = self.run(self.train_cmd(check, folder, "--epochs", "1"), folder)
+        if check.kind == "train":  # tests no resume: keeps no checkpoint
+            proc = self.run(self.train_cmd(check, folder, "--epochs", "1", "--save", "none"), folder)
             return self.failed(proc, folder) or verify(folder / "metrics.json", check, 1, self.scale)
-        if check.kind == "resume":
-            first = self.run(self.train_cmd(check, folder, "--epochs", "2", "--stop-after", "1"), folder)
-            then = self.run(self.train_cmd(check, folder, "--epochs", "2", "--resume"), folder)
-            return (self.failed(first, folder) or self.failed(then, folder)
-                    or verify(folder / "metrics.json", check, 2, self.scale))
-        if check.kind == "sigterm":
-            return self.sigterm(check, folder)
-        if check.kind == "profile":
-            return self.profile(check, folder)
-        raise ValueError(check.kind)
+        try:
+            if check.kind == "resume":
+                first = self.run(self.train_cmd(check, folder, "--epochs", "2", "--stop-after", "1"), folder)
+                then = self.run(self.train_cmd(check, folder, "--epochs", "2", "--resume"), folder)
+                return (self.failed(first, folder) or self.failed(then, folder)
+                        or verify(folder / "metrics.json", check, 2, self.scale))
+            if check.kind == "sigterm":
+                return self.sigterm(check, folder)
+            if check.kind == "profile":
+                return self.profile(check, folder)
+            raise ValueError(check.kind)
+        finally:
+            drop_checkpoints(folder)
 
     @staticmethod
     def failed(proc: "subprocess.Popen[bytes]", folder: Path) -> str:
@@ -166,23 +169,34 @@ class Runner:
                 or ("the profile holds no CUDA activity" if wanted and not gpu_trace else ""))
 
 
+def drop_checkpoints(folder: Path) -> None:
+    """A resume check's checkpoints have served once it is done: a whole run then leaves its
+    logs, metrics and profile (docs/GPU_CHECK.md "What a run leaves"), not a ResNet-18's
+    checkpoints per check."""
+    for checkpoint in folder.rglob("*.pt"):
+        checkpoint.unlink()
+
+
 def run_all(checks: List[Check], runner: Callable[[Check], str], say: Callable[..., None] = print,
             budget_s: float = 0, scale: Scale = GPU, clock: Callable[[], float] = time.perf_counter,
-            after: Callable[[List[Result]], object] = lambda results: None) -> List[Result]:
+            after: Callable[[List[Result]], object] = lambda results: None,
+            measured: Optional[Dict[str, float]] = None) -> List[Result]:
     """Each check in turn, one progress line each, and `after(results so far)` after each (the
     report is rewritten: a command killed from outside leaves the rows it finished). With a
-    budget, a check whose estimate no longer fits in what is left is not started; its row says so."""
+    budget, a check whose estimate (its last measured seconds where there are some) no longer
+    fits in what is left is not started; its row says so."""
     results: List[Result] = []
     began = clock()
     for i, check in enumerate(checks, 1):
         head = f"[{i}/{len(checks)}] {check.name} ..."
         left = budget_s - (clock() - began) if budget_s else math.inf
+        estimate = estimate_s(check, scale, measured)
         if check.skip:
             say(f"{head} skipped: {check.skip}", flush=True)
             results.append(Result(check.name, "skip", 0.0, check.skip, check.note))
-        elif estimate_s(check, scale) > left:
-            why = (f"not started: its estimate {estimate_s(check, scale):.0f} s is over the "
-                   f"{max(left, 0):.0f} s left of --budget {budget_s:g}")
+        elif estimate > left:
+            why = (f"not started: its {'measured time' if measured and check.name in measured else 'estimate'} "
+                   f"{estimate:.0f} s is over the {max(left, 0):.0f} s left of --budget {budget_s:g}")
             say(f"{head} NOT RUN: {why}", flush=True)
             results.append(Result(check.name, "not run", 0.0, why, check.note))
         else:

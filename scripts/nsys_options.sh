@@ -71,8 +71,10 @@ capture_window() {
 # A short probe run finds out whether the driver grants counter access (ERR_NVGPUCTRPERM)
 # and the GPU is supported; if not, one line says how to fix it and the run goes on without.
 # Prints the options to add, one per line (nothing when unavailable); the reason goes to stderr.
+# The probe failed when nsys exits non-zero, makes no report, or prints one of these:
+NSYS_METRICS_FAILURE='not supported|unsupported|illegal|ERR_NV|failed to|no (supported|available) (gpu|device)'
 gpu_metrics_options() {
-    local help flag probe out
+    local help flag probe out made
     help="$(nsys profile --help 2>&1 || true)"
     if grep -q -- '--gpu-metrics-devices' <<<"$help"; then
         flag=--gpu-metrics-devices
@@ -82,15 +84,42 @@ gpu_metrics_options() {
         echo "GPU metrics: this nsys ($(nsys --version 2>&1 | sed 's/.*version //')) has no --gpu-metrics-device[s] option; install nsys 2021.2 or newer (scripts/install_nsys.sh); continuing without GPU metrics" >&2
         return 0
     fi
+    local status=0 failure
     probe="$(mktemp -d)"
     out="$(nsys profile "$flag=all" --trace=none --sample=none --cpuctxsw=none --force-overwrite=true \
-           --output "$probe/probe" true 2>&1)" || true
+           --output "$probe/probe" true 2>&1)" || status=$?
+    made="$(compgen -G "$probe/probe.*rep" || true)"
     rm -rf "$probe"
+    # nsys's own failure messages only: a line about "non-fatal errors" (its importer's
+    # status on a good run) is not one.
+    failure="$(grep -viE 'non-fatal' <<<"$out" | grep -iE "$NSYS_METRICS_FAILURE" | head -n 1 || true)"
     if grep -q 'ERR_NVGPUCTRPERM' <<<"$out"; then
         echo "GPU metrics: the driver refuses GPU performance counters to this user (ERR_NVGPUCTRPERM); run as root or load the driver with NVreg_RestrictProfilingToAdminUsers=0 (https://developer.nvidia.com/ERR_NVGPUCTRPERM); continuing without GPU metrics" >&2
-    elif grep -qiE 'not supported|no (supported|available) (gpu|device)|unsupported|error' <<<"$out"; then
-        echo "GPU metrics: nsys cannot sample this GPU ($(grep -iE 'not supported|unsupported|error' <<<"$out" | head -n 1)); use a Turing or newer GPU with a current nsys; continuing without GPU metrics" >&2
+    elif [[ -n $failure || $status != 0 || -z $made ]]; then
+        [[ -z $failure ]] && failure="exit $status${made:+, a report}${made:-, no report}: $(tail -n 1 <<<"$out")"
+        echo "GPU metrics: nsys cannot sample this GPU ($failure); use a Turing or newer GPU with a current nsys; continuing without GPU metrics" >&2
     else
         echo "$flag=all"
+    fi
+}
+
+# Whether the nsys on PATH makes reports: it profiles `true` into a throwaway folder (a few
+# seconds). An nsys that cannot, such as the one inside Nsight Compute's folder, would pass a
+# `command -v nsys` and then fail the profiled run. Returns 0 when it made a report; else
+# prints why, in words for a skip line, and returns 1.
+nsys_makes_reports() {
+    local probe out status=0 made
+    if ! command -v nsys >/dev/null 2>&1; then
+        echo "nsys is not on PATH (scripts/install_nsys.sh)"
+        return 1
+    fi
+    probe="$(mktemp -d)"
+    out="$(timeout "${NSYS_PROBE_TIMEOUT_S:-120}" nsys profile --trace=none --sample=none --cpuctxsw=none \
+           --force-overwrite=true --output "$probe/probe" true 2>&1)" || status=$?
+    made="$(compgen -G "$probe/probe.*rep" || true)"
+    rm -rf "$probe"
+    if [[ -z $made ]]; then
+        echo "$(command -v nsys) made no report of a tiny run (exit $status: $(grep -v '^\s*$' <<<"$out" | tail -n 1 | cut -c1-160)); install a full Nsight Systems (scripts/install_nsys.sh)"
+        return 1
     fi
 }

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Every mode trains on the oldest supported torch (requirements-oldtorch.txt), on the CPU:
-# one tiny epoch each, the optional techniques together, then a resume of each checkpoint
-# format. CI runs it after the suite.
-# Builds .venv-oldtorch on first use. Usage: scripts/smoke_old_torch.sh
+# Every mode trains on a second torch, on the CPU: one tiny epoch each, the optional
+# techniques together, then a resume of each checkpoint format. CI runs it after the suite,
+# once for each torch below (docs/GPU_CHECK.md "Supported versions" has their time).
+#   SMOKE_TORCH=2.6 (default)  the oldest supported torch: requirements-oldtorch.txt in .venv-oldtorch
+#   SMOKE_TORCH=2.11           the torch GPU machines often come with (no DALI beside it):
+#                              requirements-torch211.txt in .venv-torch211; ddp_dali must refuse
+#                              in one line, and the Flight Recorder must dump a gloo group's record
+# Builds the venv on first use. Usage: [SMOKE_TORCH=2.11] scripts/smoke_old_torch.sh
 #   SMOKE_MODES ("dp ddp ddp_dali fsdp pp")   PYTHON_BOOTSTRAP (python3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "smoke: $*"; }
+case "${SMOKE_TORCH:-2.6}" in
+    2.6) venv=.venv-oldtorch req=requirements-oldtorch.txt ;;
+    2.11) venv=.venv-torch211 req=requirements-torch211.txt ;;
+    *) say "SMOKE_TORCH=${SMOKE_TORCH}: use 2.6 or 2.11"; exit 2 ;;
+esac
 
-venv=.venv-oldtorch
-req=requirements-oldtorch.txt
 if [ ! -x "$venv/bin/python" ]; then
     say "creating $venv with $("${PYTHON_BOOTSTRAP:-python3}" --version)"
     "${PYTHON_BOOTSTRAP:-python3}" -m venv "$venv" || exit 1
@@ -20,8 +27,15 @@ if [ ! -f "$stamp" ]; then
     "$venv/bin/python" -m pip install -q -r "$req" || { say "FAIL: could not install $req"; exit 1; }
     touch "$stamp"
 fi
+smoke_started=$SECONDS  # the runs' time, without the install
 torch_version="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')" || exit 1
+dali=1
+"$venv/bin/python" -c 'import nvidia.dali' >/dev/null 2>&1 || dali=0
 modes="${SMOKE_MODES:-dp ddp ddp_dali fsdp pp}"
+if (( ! dali )) && [[ " $modes " == *" ddp_dali "* ]]; then
+    modes="${modes/ddp_dali/}"
+    say "no DALI in $venv: ddp_dali is checked to refuse in one line instead of training"
+fi
 say "torch $torch_version, CPU (GPUs hidden), modes: $modes"
 
 work="$(mktemp -d)"
@@ -74,6 +88,50 @@ for mode in ddp fsdp pp; do
     check "$mode --resume" 2 "$work/$mode" --mode "$mode" --epochs 2 --resume
 done
 
+# Without DALI, --mode ddp_dali stops in one line naming the install, before any process starts.
+if (( ! dali )) && [[ " ${SMOKE_MODES:-ddp_dali} " == *" ddp_dali "* ]]; then
+    started=$SECONDS
+    CUDA_VISIBLE_DEVICES= "$venv/bin/python" train_cifar.py "${TINY[@]}" --ckpt "$work/dali" --mode ddp_dali \
+        --epochs 1 >"$work/log" 2>&1
+    code=$?
+    if [ "$code" = 2 ] && grep -q "needs NVIDIA DALI: pip install" "$work/log" \
+       && [ "$(grep -v '^note:' "$work/log" | grep -c .)" = 1 ]; then
+        say "PASS ddp_dali refuses without DALI ($((SECONDS - started)) s)"
+    else
+        say "FAIL ddp_dali without DALI on torch $torch_version: exit $code, not one line naming the install:"
+        tail -n 20 "$work/log" | sed 's/^/    /'
+        failed+=("ddp_dali refusal")
+    fi
+fi
+# The Flight Recorder's shims (its settings' names, the gloo dump) on this torch: a gloo group
+# of one records an all-reduce, and dump() writes the record that torchfrtrace reads.
+if [ "${SMOKE_TORCH:-2.6}" = 2.11 ]; then
+    started=$SECONDS
+    if CUDA_VISIBLE_DEVICES= "$venv/bin/python" - "$work/fr" >"$work/log" 2>&1 <<'EOF'
+import os, pickle, sys
+import torch, torch.distributed as dist
+from handler.DDP import flight_recorder
+flight_recorder.enable(sys.argv[1], use_cuda=False)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+dist.all_reduce(torch.ones(4))
+clause = flight_recorder.dump(0)
+path = os.path.join(flight_recorder.folder_for(sys.argv[1]), flight_recorder.PREFIX + "0")
+assert os.path.isfile(path), f"no dump at {path}: {clause}"
+with open(path, "rb") as f:
+    record = pickle.load(f)
+assert any("allreduce" in str(e.get("profiling_name", "")) for e in record["entries"]), record["entries"][:3]
+dist.destroy_process_group()
+EOF
+    then
+        say "PASS Flight Recorder dumps a gloo group's record ($((SECONDS - started)) s)"
+    else
+        say "FAIL Flight Recorder on torch $torch_version; its last lines:"
+        tail -n 20 "$work/log" | sed 's/^/    /'
+        failed+=("flight recorder")
+    fi
+fi
+
+say "the runs took $((SECONDS - smoke_started)) s on torch $torch_version"
 if [ ${#failed[@]} -gt 0 ]; then
     say "FAILED on torch $torch_version: ${failed[*]}"
     exit 1

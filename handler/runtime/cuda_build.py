@@ -1,4 +1,4 @@
-"""Which torch and DALI builds match this machine's NVIDIA driver.
+"""Which torch and DALI builds match this machine's NVIDIA driver and GPUs.
 
 Standard library only: scripts/setup.sh runs it with the system python3 before any
 virtual environment exists, and handler/runtime/devices.py uses it to name the fix when
@@ -18,6 +18,7 @@ DALI_VERSION = "2.4.0"
 TORCH_PINS = "torch==2.14.1 torchvision==0.29.1"  # as in requirements.txt (a test keeps them equal)
 CU12_INDEX = "https://download.pytorch.org/whl/cu126"
 SMI_TIMEOUT_S = 10
+CUDA13_MIN_CAPABILITY = (7, 5)  # Turing: the oldest GPU that torch's CUDA 13 builds run on
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,29 @@ def driver_cuda_version(smi: str = "nvidia-smi") -> Optional[Tuple[int, int]]:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
-def choose_build(driver: Optional[Tuple[int, int]], override_url: Optional[str] = None) -> Build:
+def smi_compute_capability(smi: str = "nvidia-smi") -> Optional[Tuple[int, int]]:
+    """The lowest compute capability among the GPUs the driver lists ("7.0" for a V100), or
+    None where nvidia-smi cannot say (drivers before 510 lack the compute_cap field)."""
+    found = re.findall(r"^\s*(\d+)\.(\d+)\s*$", _smi("--query-gpu=compute_cap", "--format=csv,noheader", smi=smi),
+                       re.MULTILINE)
+    return min((int(major), int(minor)) for major, minor in found) if found else None
+
+
+def choose_build(driver: Optional[Tuple[int, int]], override_url: Optional[str] = None,
+                 capability: Optional[Tuple[int, int]] = None) -> Build:
+    """The builds for a driver that runs CUDA `driver` and GPUs whose lowest compute
+    capability is `capability` (None: unknown, taken as new enough)."""
     if driver is None:
         build = Build(None, f"nvidia-dali-cuda120=={DALI_VERSION}", "no NVIDIA GPU: PyPI's torch (runs on the CPU)")
+    elif driver[0] >= 13 and capability is not None and capability < CUDA13_MIN_CAPABILITY:
+        # A CUDA 13 driver (R580) runs older GPUs too, but torch's CUDA 13 builds (from torch
+        # 2.9 on) carry kernels for 7.5 and newer only: training would die with "no kernel
+        # image is available". The cu126 builds still carry Pascal (6.x) and Volta (7.0) for
+        # the pinned torch 2.14.1; when TORCH_PINS is bumped, check that the cu126 index still
+        # has the new release, or these GPUs lose their build here.
+        build = Build(CU12_INDEX, f"nvidia-dali-cuda120=={DALI_VERSION}",
+                      f"CUDA {driver[0]}.{driver[1]} driver, but compute capability {capability[0]}.{capability[1]} "
+                      "is below the 7.5 that CUDA 13 builds need: torch from PyTorch's cu126 index")
     elif driver[0] >= 13:
         build = Build(None, f"nvidia-dali-cuda130=={DALI_VERSION}",
                       f"CUDA {driver[0]}.{driver[1]} driver: PyPI's torch (a CUDA 13 build)")
@@ -75,7 +96,7 @@ def choose_build(driver: Optional[Tuple[int, int]], override_url: Optional[str] 
 
 def install_hint(driver: Optional[Tuple[int, int]]) -> str:
     """The pip command that installs the build matching `driver`."""
-    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"))
+    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), smi_compute_capability())
     index = f" --index-url {build.torch_index_url}" if build.torch_index_url else ""
     return (f"pip install --force-reinstall {TORCH_PINS}{index} && pip install {build.dali_package} "
             "(scripts/setup.sh does this)")
@@ -84,12 +105,13 @@ def install_hint(driver: Optional[Tuple[int, int]]) -> str:
 def dali_install_hint() -> str:
     """The one DALI install hint (a missing DALI in --mode ddp_dali, scripts/gpu_check.py): the
     build for this machine's driver, as scripts/setup.sh would choose it."""
-    package = choose_build(driver_cuda_version()).dali_package
+    package = choose_build(driver_cuda_version(), capability=smi_compute_capability()).dali_package
     return f"pip install {package} (the build for this machine's NVIDIA driver; scripts/setup.sh installs it)"
 
 
 def main() -> int:
-    build = choose_build(driver_cuda_version(), os.environ.get("TORCH_INDEX_URL"))
+    driver = driver_cuda_version()
+    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), smi_compute_capability() if driver else None)
     print(f"TORCH_INDEX_URL={shlex.quote(build.torch_index_url or '')}")
     print(f"TORCH_PINS={shlex.quote(TORCH_PINS)}")
     print(f"DALI_PACKAGE={shlex.quote(build.dali_package)}")

@@ -226,6 +226,10 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     need(cfg.accum_steps >= 1 and cfg.local_batch % cfg.accum_steps == 0,
          f"--accum-steps {cfg.accum_steps} must divide the per-process batch {cfg.local_batch}")
     need(cfg.amp != "fp16" or cfg.use_cuda, "--amp fp16 needs a GPU; use --amp bf16 on CPU")
+    if cfg.amp == "bf16" and cfg.use_cuda:
+        from ..runtime.gpu_precision import bf16_refusal
+        refusal = bf16_refusal(cfg.num_gpu)  # the devices this node uses
+        need(not refusal, refusal)
     need(not cfg.sync_bn or mode.sync_bn,
          f"--sync-bn synchronises BatchNorm across DDP ranks; use it with --mode "
          f"{' or '.join(name for name, m in modes.items() if m.sync_bn)}, not {cfg.mode}" + mode.sync_bn_refusal)

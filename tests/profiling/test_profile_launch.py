@@ -12,23 +12,31 @@ LAUNCH = REPO / "scripts" / "launch.sh"
 OPTIONS = REPO / "scripts" / "nsys_options.sh"
 
 # A stand-in nsys: `--version`, `profile --help` (listing $HELP_FLAG), and `profile ... --output X cmd...`
-# which prints $PROBE_OUTPUT when the command is `true` (launch's metrics probe) and otherwise runs it.
+# which prints $PROBE_OUTPUT when the command is `true` (launch's metrics probe), makes the report
+# unless PROBE_REPORT=0 and exits $PROBE_STATUS (0), and otherwise runs the command.
 FAKE_NSYS = """#!/usr/bin/env bash
 if [[ $1 == --version ]]; then echo "NVIDIA Nsight Systems version 2099.1.1-fake"; exit 0; fi
 if [[ $1 == profile && $2 == --help ]]; then echo "  $HELP_FLAG=<value>  GPU metrics"; exit 0; fi
 shift
 while [[ $# -gt 0 && $1 != --output ]]; do shift; done
+output="$2"
 shift 2
-if [[ $1 == true ]]; then echo "$PROBE_OUTPUT"; exit 0; fi
+if [[ $1 == true ]]; then
+    echo "$PROBE_OUTPUT"
+    [[ ${PROBE_REPORT:-1} == 1 ]] && touch "$output.nsys-rep"
+    exit "${PROBE_STATUS:-0}"
+fi
 exec "$@"
 """
 
 
-def fake_nsys(folder, help_flag="--gpu-metrics-devices", probe_output="Generated: probe.nsys-rep"):
+def fake_nsys(folder, help_flag="--gpu-metrics-devices", probe_output="Generated: probe.nsys-rep", report=True,
+              status=0):
     folder.mkdir(exist_ok=True)
     (folder / "nsys").write_text(FAKE_NSYS)
     (folder / "nsys").chmod(0o755)
-    return {"HELP_FLAG": help_flag, "PROBE_OUTPUT": probe_output}
+    return {"HELP_FLAG": help_flag, "PROBE_OUTPUT": probe_output, "PROBE_REPORT": str(int(report)),
+            "PROBE_STATUS": str(status)}
 
 
 def gpu_metrics_options(tmp_path, **fake):
@@ -51,6 +59,33 @@ def test_refused_gpu_counters_give_one_line_with_the_fix_and_no_metrics(tmp_path
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "ERR_NVGPUCTRPERM" in lines[0]
     assert "NVreg_RestrictProfilingToAdminUsers=0" in lines[0] and "continuing without GPU metrics" in lines[0]
+
+
+# The probe's output recorded from nsys 2022.4 on this machine (progress bars trimmed), then
+# the line nsys's importer adds when it skipped something it could: "error" is in it, yet the
+# report was made and GPU metrics work.
+PROBE_OK = "Generating '/tmp/nsys-report-14d9.qdstrm'\n[1/1] [========================100%] probe.nsys-rep\n" \
+           "Generated:\n    /tmp/i35/probe.nsys-rep"
+NON_FATAL = "Importer error status: Importation succeeded with non-fatal errors."
+
+
+@pytest.mark.parametrize("output", [PROBE_OK, f"{PROBE_OK}\n{NON_FATAL}"])
+def test_a_probe_that_made_its_report_keeps_gpu_metrics_even_with_non_fatal_importer_errors(tmp_path, output):
+    result = gpu_metrics_options(tmp_path, probe_output=output)
+    assert result.stdout.split() == ["--gpu-metrics-devices=all"] and result.stderr == ""
+
+
+@pytest.mark.parametrize("output, report, status, reason", [
+    ("Illegal --gpu-metrics-devices argument: all. GPU metrics are not supported on this GPU.", False, 1,
+     "Illegal --gpu-metrics-devices argument"),
+    (PROBE_OK.replace("Generated:", "Failed to create the report:"), False, 0, "Failed to create"),
+    ("", False, 0, "exit 0, no report"),
+    ("Generating '/tmp/nsys-report.qdstrm'", True, 139, "exit 139, a report")])
+def test_a_probe_that_failed_goes_without_gpu_metrics_in_one_line(tmp_path, output, report, status, reason):
+    result = gpu_metrics_options(tmp_path, probe_output=output, report=report, status=status)
+    lines = result.stderr.strip().splitlines()
+    assert result.stdout == "" and len(lines) == 1 and reason in lines[0], result.stderr
+    assert "continuing without GPU metrics" in lines[0]
 
 
 def test_nsys_without_gpu_metrics_says_so_in_one_line(tmp_path):
