@@ -4,8 +4,9 @@
 #
 #   scripts/setup.sh [requirements file]
 #
-# CUDA 13 driver: PyPI's torch + nvidia-dali-cuda130. CUDA 12 driver: torch from PyTorch's
-# cu126 index + nvidia-dali-cuda120. No GPU: PyPI's torch + nvidia-dali-cuda120.
+# CUDA 13 driver: PyPI's torch + nvidia-dali-cuda130, unless a GPU is below compute capability
+# 7.5 (V100, P100), which CUDA 13 builds cannot run: then as for a CUDA 12 driver, torch from
+# PyTorch's cu126 index + nvidia-dali-cuda120. No GPU: PyPI's torch + nvidia-dali-cuda120.
 # TORCH_INDEX_URL overrides the torch index. SETUP_DRY_RUN=1 prints what it would do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
