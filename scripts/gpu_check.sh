@@ -26,12 +26,15 @@ index_answers() {
 urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).close()' "$url" "$wait" >/dev/null 2>&1
 }
 
-# The first Python that imports torch: an active virtual environment, .venv, python3, python.
+# The first Python that imports torch (an active virtual environment, .venv, python3, python)
+# and its torch version, on two lines.
 python_with_torch() {
-    local candidate
+    local candidate version
     for candidate in ${VIRTUAL_ENV:+"$VIRTUAL_ENV/bin/python"} "$ROOT/.venv/bin/python" python3 python; do
-        if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import torch' >/dev/null 2>&1; then
+        command -v "$candidate" >/dev/null 2>&1 || continue
+        if version="$("$candidate" -c 'import torch; print(torch.__version__)' 2>/dev/null)"; then
             command -v "$candidate"
+            echo "$version"
             return 0
         fi
     done
@@ -45,11 +48,12 @@ if [[ -z "${PYTHON:-}" ]]; then
         set -- "$@" --offline
     fi
     if (( offline )); then
-        PYTHON="$(python_with_torch)" || {
+        found="$(python_with_torch)" || {
             say "--offline: no Python with torch found (tried ${VIRTUAL_ENV:+\$VIRTUAL_ENV/bin/python, }.venv/bin/python, python3, python); set PYTHON=/path/to/python3"
             exit 2
         }
-        say "--offline: using $PYTHON (torch $("$PYTHON" -c 'import torch; print(torch.__version__)')); installing nothing"
+        PYTHON="$(sed -n 1p <<<"$found")"
+        say "--offline: using $PYTHON (torch $(sed -n 2p <<<"$found")); installing nothing"
     else
         bash "$ROOT/scripts/setup.sh" requirements-test.txt >&2 || { say "set-up failed; see above (no internet? --offline)"; exit 1; }
         PYTHON="$ROOT/.venv/bin/python"
