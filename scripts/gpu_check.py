@@ -102,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         return 2
     out = Path(args.out or ("gpu_check_rehearsal" if args.rehearse else "gpu_check")).resolve()
-    env = environment(rehearsal=args.rehearse)
+    env = {**environment(rehearsal=args.rehearse), "offline": args.offline}
     measured = measured_times(out, env)
     try:
         checks = checks_for(gpus, args, bf16=args.rehearse or native_bf16(), measured=measured)

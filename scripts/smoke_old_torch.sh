@@ -120,7 +120,7 @@ path = os.path.join(flight_recorder.folder_for(sys.argv[1]), flight_recorder.PRE
 assert os.path.isfile(path), f"no dump at {path}: {clause}"
 with open(path, "rb") as f:
     record = pickle.load(f)
-assert any("allreduce" in str(e.get("profiling_name", "")) for e in record["entries"]), record["entries"][:3]
+assert any("all_reduce" in str(e.get("profiling_name", "")) for e in record["entries"]), record["entries"][:3]
 dist.destroy_process_group()
 EOF
     then
