@@ -226,10 +226,6 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     need(cfg.accum_steps >= 1 and cfg.local_batch % cfg.accum_steps == 0,
          f"--accum-steps {cfg.accum_steps} must divide the per-process batch {cfg.local_batch}")
     need(cfg.amp != "fp16" or cfg.use_cuda, "--amp fp16 needs a GPU; use --amp bf16 on CPU")
-    if cfg.amp == "bf16" and cfg.use_cuda:
-        from ..runtime.gpu_precision import bf16_refusal
-        refusal = bf16_refusal(cfg.num_gpu)  # the devices this node uses
-        need(not refusal, refusal)
     need(not cfg.sync_bn or mode.sync_bn,
          f"--sync-bn synchronises BatchNorm across DDP ranks; use it with --mode "
          f"{' or '.join(name for name, m in modes.items() if m.sync_bn)}, not {cfg.mode}" + mode.sync_bn_refusal)
@@ -246,6 +242,22 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     need(cfg.model in MODELS, f"--model {cfg.model!r} is unknown; choose one of: "
                               f"{', '.join(sorted(MODELS))}")
     mode.check(cfg)
+    _refuse_emulated_bf16(cfg, mode)
+
+
+def _refuse_emulated_bf16(cfg: Config, mode: Mode) -> None:
+    """--amp bf16 on GPUs without native bf16 (V100, T4) would time an emulation: stop, naming
+    fp16, or off where the mode refuses fp16 too (its own rules decide)."""
+    if cfg.amp != "bf16" or not cfg.use_cuda:
+        return
+    from ..runtime.gpu_precision import bf16_refusal
+    refusal = bf16_refusal(cfg.num_gpu)  # the devices this node uses
+    if refusal:
+        try:
+            mode.check(dataclasses.replace(cfg, amp="fp16"))
+        except UserError:
+            refusal = refusal.replace("use --amp fp16", f"use --amp off (--mode {cfg.mode} refuses fp16 too)")
+        raise UserError(refusal)
 
 
 def _check_batch(cfg: Config, mode: Mode) -> None:

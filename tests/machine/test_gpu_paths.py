@@ -59,6 +59,14 @@ def test_amp_bf16_is_refused_in_one_line_naming_fp16_on_a_gpu_without_native_bf1
     assert parse_config(["--mode", "ddp", "--amp", "fp16"], cuda_count=2).amp == "fp16"
 
 
+def test_on_a_v100_pp_which_refuses_fp16_is_told_to_use_amp_off(gpus_like):
+    from handler.modes import parse_config
+    gpus_like(V100, count=2)
+    with pytest.raises(UserError) as refused:
+        parse_config(["--mode", "pp", "--amp", "bf16", "--num_gpu", "2"], cuda_count=2)
+    assert "use --amp off (--mode pp refuses fp16 too)" in str(refused.value)
+
+
 def test_amp_bf16_runs_on_ampere_and_newer(gpus_like):
     from handler.modes import parse_config
     gpus_like(H100, count=2)
