@@ -297,6 +297,8 @@ def test_the_rehearsal_runs_its_part_of_the_gpu_plan_on_this_cpu_end_to_end(k, t
                        "profiled run (nsys)"}, skipped
     assert f"[{len(data['checks'])}/{len(data['checks'])}] " in run.stdout and "ESTIMATE" in run.stdout
     assert "say nothing about GPU times" in (tmp_path / f"gpu_check_part{k}of{REHEARSAL_PARTS}.md").read_text()
+    # What a run leaves: no checkpoint, no synthetic data (docs/GPU_CHECK.md "What a run leaves").
+    assert not list(tmp_path.rglob("*.pt")) and not (tmp_path / "data").exists()
 
 
 def test_a_check_that_raises_is_a_failed_row_and_a_missing_parent_package_is_absent():
