@@ -94,7 +94,12 @@ def accepted_flags(mode: str, gpus: int) -> list:
     return [a for f in flags for a in f]
 
 
-def test_the_flag_table_follows_validate():
+def test_the_flag_table_follows_validate(monkeypatch):
+    # --amp bf16's rule asks the GPUs' compute capability: torch.cuda, the CUDA boundary,
+    # answers as an H100's for the rows with GPUs.
+    import torch
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     assert accepted_flags("dp", 0) == ["--channels-last", "--accum-steps", "2", "--activation-checkpointing",
                                        "--dp-balanced", "--amp", "bf16"]
     assert accepted_flags("pp", 0) == ["--channels-last", "--activation-checkpointing", "--amp", "bf16"]
