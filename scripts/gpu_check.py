@@ -134,7 +134,7 @@ def run(checks: List[Check], args: argparse.Namespace, scale: Scale, out: Path, 
         if args.rehearse else {}
     k, n = parse_part(args.part)
     stem = "gpu_check" if n == 1 else f"gpu_check_part{k}of{n}"
-    runner = Runner(sys.executable, out, scale, hidden)
+    runner = Runner(sys.executable, out, scale, hidden, budget_s=args.budget)
     done: List[Result] = []
 
     def after(results: List[Result]) -> None:

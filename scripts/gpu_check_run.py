@@ -21,6 +21,10 @@ PYTEST_TIMEOUT_S = 600
 NO_TESTS_COLLECTED = 5  # pytest's exit status
 
 
+class BudgetSpent(Exception):
+    """A launch was stopped at --budget's end: the check's row fails and says so."""
+
+
 @dataclass
 class Result:
     check: str
@@ -60,10 +64,15 @@ def verify(metrics_path: Path, check: Check, epochs: int = 1, scale: Scale = GPU
 
 
 class Runner:
-    def __init__(self, python: str, out: Path, scale: Scale = GPU, env: Optional[Dict[str, str]] = None):
+    def __init__(self, python: str, out: Path, scale: Scale = GPU, env: Optional[Dict[str, str]] = None,
+                 budget_s: float = 0):
         self.python, self.out, self.scale = python, out, scale
         self.env = env or {}  # for every launch (the rehearsal hides the GPUs)
         self.data = out / "data"
+        # --budget's end: a launch still running then is stopped, so that a check slower than
+        # its estimate cannot carry the whole command past the budget (one 10-minute command).
+        self.budget_s = budget_s
+        self.deadline = time.monotonic() + budget_s if budget_s else math.inf
 
     def train_cmd(self, check: Check, folder: Path, *extra: str, images: int = 0) -> List[str]:
         return [self.python, str(ROOT / "train_cifar.py"), *self.scale.data_args(),
@@ -77,8 +86,15 @@ class Runner:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
             proc = self.start(cmd, log, env)
+            limit = timeout or self.scale.timeout_s
+            left = self.deadline - time.monotonic()
             try:
-                proc.wait(timeout=timeout or self.scale.timeout_s)
+                proc.wait(timeout=max(min(limit, left), 0))
+            except subprocess.TimeoutExpired:
+                if left < limit:
+                    raise BudgetSpent(f"--budget {self.budget_s:g} s ran out during this check; "
+                                      f"see {folder}/log.txt") from None
+                raise
             finally:
                 self.stop(proc)
             return proc

@@ -267,6 +267,24 @@ def test_budget_and_parts_use_the_last_measured_seconds(tmp_path, capsys):
     assert results[1].result == "pass"
 
 
+def test_a_launch_still_running_at_the_budgets_end_is_stopped_and_its_row_says_so(tmp_path):
+    # A check slower than its estimate must not carry the command past --budget (one
+    # 10-minute command): its process group is stopped there.
+    from scripts.gpu_check_run import BudgetSpent, timed
+    runner = Runner(sys.executable, tmp_path, planning.REHEARSAL, budget_s=2)
+    pidfile = tmp_path / "child.pid"
+    started = time.monotonic()
+    with pytest.raises(BudgetSpent, match="--budget 2 s ran out during this check"):
+        runner.run(["bash", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], tmp_path / "run")
+    assert time.monotonic() - started < 10
+    deadline = time.time() + 10
+    while alive(int(pidfile.read_text())) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive(int(pidfile.read_text()))
+    problem, _ = timed(lambda check: runner.run(["sleep", "60"], tmp_path / "again") and "", None, time.monotonic)
+    assert problem.startswith("BudgetSpent: --budget 2 s ran out")
+
+
 def test_a_run_keeps_no_checkpoints(tmp_path):
     # A stand-in interpreter writes the checkpoints train_cifar.py would and exits 0: the
     # Runner's own clean-up is what is tested, not training.
