@@ -70,11 +70,12 @@ def choose_build(driver: Optional[Tuple[int, int]], override_url: Optional[str] 
     if driver is None:
         build = Build(None, f"nvidia-dali-cuda120=={DALI_VERSION}", "no NVIDIA GPU: PyPI's torch (runs on the CPU)")
     elif driver[0] >= 13 and capability is not None and capability < CUDA13_MIN_CAPABILITY:
-        # A CUDA 13 driver (R580) runs older GPUs too, but torch's CUDA 13 builds (from torch
-        # 2.9 on) carry kernels for 7.5 and newer only: training would die with "no kernel
-        # image is available". The cu126 builds still carry Pascal (6.x) and Volta (7.0) for
-        # the pinned torch 2.14.1; when TORCH_PINS is bumped, check that the cu126 index still
-        # has the new release, or these GPUs lose their build here.
+        # A CUDA 13 driver (R580) runs older GPUs too, but torch's CUDA 13 builds carry
+        # kernels for 7.5 and newer only (CUDA 13 cannot build for Maxwell, Pascal or Volta):
+        # training would die with "no kernel image is available". The cu126 builds carry them,
+        # and torch 2.14 is the last release that publishes cu126 wheels: torch 2.15 drops
+        # them. A TORCH_PINS bump past 2.14 leaves these GPUs without a build, and this branch
+        # must then refuse them in one line instead.
         build = Build(CU12_INDEX, f"nvidia-dali-cuda120=={DALI_VERSION}",
                       f"CUDA {driver[0]}.{driver[1]} driver, but compute capability {capability[0]}.{capability[1]} "
                       "is below the 7.5 that CUDA 13 builds need: torch from PyTorch's cu126 index")
