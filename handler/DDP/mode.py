@@ -13,15 +13,15 @@ def launch(strategy_for):
     (ddp, ddp_dali, fsdp, pp): each rank runs `worker` (run.py). The call map from the command
     line to `fit` is in handler/DDP/__init__.py."""
     def start(cfg) -> None:
-        from .processes import held_store, run_process
+        from .utils import held_store, run_process
         from .run import worker  # on call: reading the mode table loads no trainer
         strategy = strategy_for(cfg)
         if launched_by_torchrun():  # torchrun started this process as one of the ranks
             worker(0, cfg, strategy)
             return
         with held_store(cfg.host, cfg.port) as port:  # the ranks' rendezvous store, held here
-            run_process(worker, (dataclasses.replace(cfg, port=port), strategy), nprocs=cfg.world_size,
-                        use_cuda=cfg.use_cuda)
+            run_process(partial(worker, strategy=strategy), dataclasses.replace(cfg, port=port),
+                        nprocs=cfg.world_size, use_cuda=cfg.use_cuda)
     return start
 
 

@@ -62,7 +62,7 @@ def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
     if not spawning:
         return cfg
     if not mode.one_process and cfg.port:
-        _check_port(cfg.host, cfg.port)  # early; the spawning process binds it later (DDP/processes.py held_store)
+        _check_port(cfg.host, cfg.port)  # early; the spawning process binds it later (DDP/utils.py held_store)
     cfg = prepare_dataset(cfg)
     splits = load_splits(cfg)  # reads every batch file: corrupt data fails here, named, before spawning
     if ckpt is not None:

@@ -1,0 +1,78 @@
+"""CIFAR-10 as a tree of PNG files, the layout the course kit writes for DALI:
+`ROOT/{train,valid,test}/<class name>/<n>.png`.
+
+A class's index is its folder's place among the split's class folders in sorted order, as
+DALI's fn.readers.file(file_root=...) numbers them. CIFAR-10's class names (torchvision's,
+which the kit writes) sort into CIFAR-10's own label order, so the two agree; a tree with
+other names gets a warning that its labels follow the sorted names. `valid` may be empty
+(the kit's default): the validation images are then held out of `train` (--valid-size).
+Nothing is ever written into the tree.
+"""
+import os
+import sys
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import numpy as np
+
+from ..runtime.errors import UserError
+from .synthetic import CLASSES
+
+SPLITS = ("train", "valid", "test")
+EXTENSIONS = (".png", ".jpg", ".jpeg")
+
+
+@dataclass(frozen=True)
+class ImageSplit:
+    """One split's files, their labels (int64), and the class names in label order."""
+    files: List[str]
+    labels: np.ndarray
+    classes: List[str]
+
+
+def has_image_tree(root: str) -> bool:
+    """ROOT/train and ROOT/test each hold at least one class folder."""
+    return all(_class_folders(os.path.join(root, split)) for split in ("train", "test"))
+
+
+def _class_folders(folder: str) -> List[str]:
+    if not os.path.isdir(folder):
+        return []
+    return sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+
+
+def list_split(folder: str, classes: List[str]) -> ImageSplit:
+    """The split's image files in DALI's order (class folders, then file names, sorted)."""
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        class_dir = os.path.join(folder, name)
+        if not os.path.isdir(class_dir):
+            continue
+        names = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(EXTENSIONS))
+        files += [os.path.join(class_dir, f) for f in names]
+        labels += [label] * len(names)
+    return ImageSplit(files, np.asarray(labels, dtype=np.int64), classes)
+
+
+def tree_classes(root: str) -> List[str]:
+    """The class names, in label order, from ROOT/train's folders; warns when they are not
+    CIFAR-10's, whose sorted order is CIFAR-10's label order."""
+    classes = _class_folders(os.path.join(root, "train"))
+    if classes != CLASSES:
+        print(f"warning: {root}/train's class folders ({', '.join(classes)}) are not CIFAR-10's "
+              f"({', '.join(CLASSES)}); label k is the k-th folder in sorted order", file=sys.stderr)
+    return classes
+
+
+def read_split(split: ImageSplit) -> Tuple[np.ndarray, np.ndarray]:
+    """Decode the split's files into uint8 NHWC arrays (32x32 RGB each)."""
+    from PIL import Image
+
+    images = np.zeros((len(split.files), 32, 32, 3), np.uint8)
+    for i, path in enumerate(split.files):
+        with Image.open(path) as img:
+            pixels = np.asarray(img.convert("RGB"))
+        if pixels.shape != (32, 32, 3):
+            raise UserError(f"{path} is {pixels.shape[1]}x{pixels.shape[0]}; CIFAR-10 images are 32x32")
+        images[i] = pixels
+    return images, split.labels
