@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 from ..train.options import Options, option
 
-SOURCES = ("memory", "raw", "jpeg")  # handler/DALI/cifar10_loader.py reads each
+SOURCES = ("memory", "raw", "jpeg", "files")  # handler/DALI/cifar10_loader.py reads each
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,5 +15,5 @@ class DaliOptions(Options):
     # memory is the default: the fastest measured on CPU (docs/DALI.md). The metrics record the source that ran.
     dali_source: str = option("memory", choices=SOURCES,
                               help="ddp_dali input: the arrays in memory (default, fastest measured), one raw "
-                                   "uint8 file per image, or JPEG files decoded by DALI (on the GPU with "
-                                   "device=mixed)")
+                                   "uint8 file per image, JPEG files decoded by DALI (on the GPU with "
+                                   "device=mixed), or files: the PNG tree --data points at, as it is")

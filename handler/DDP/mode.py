@@ -29,12 +29,13 @@ def strategy(cfg, make_loaders=None):
     """ddp_dali passes its own loaders; the wrapping, comm hook and checkpoint state are shared."""
     from ..train.strategy import Strategy
     from .checkpoint import HookedState
+    from ..data.loaders import lab_loaders
     from .cifar10_loader import get_DDP_loader
     from .comm_hook import CommHook
     from .model import model_to_DDP
     comm = CommHook.from_config(cfg)  # its memory (PowerSGD's) goes into checkpoints too
     return Strategy(wrap=partial(model_to_DDP, sync_bn=cfg.sync_bn, comm=comm),
-                    make_loaders=make_loaders or get_DDP_loader, state=HookedState(comm),
+                    make_loaders=make_loaders or partial(lab_loaders, get_DDP_loader), state=HookedState(comm),
                     notes=(SYNC_BN_NOTE,) if cfg.sync_bn and cfg.use_cuda else ())
 
 
