@@ -29,6 +29,8 @@ class RunOptions(Options):
                                f"without GPUs, {CPU_DEFAULT_PROCS} CPU processes for DDP modes)")
     ckpt: str = option("./ckpt", help="checkpoint directory")
     save: str = option("ckpt", choices=("ckpt", "none"), help="save last.pt/best.pt every epoch, or nothing")
+    save_ckpt: bool = option(False, "--save_ckpt", help="the course kit's flag: saving is our default "
+                                                      "(--save ckpt), so it changes nothing; refused with --save none")
     resume: Optional[str] = option(None, nargs="?", const="", metavar="PATH",
                                    help="resume from PATH, or from CKPT/last.pt when no path is given")
     overwrite: bool = option(False, help="start afresh even though --ckpt holds an earlier run's last.pt, "
@@ -38,7 +40,7 @@ class RunOptions(Options):
                                     "some steps on purpose); other runs stop at the first one")
     seed: int = option(0)
     metrics: str = option("", help="metrics JSON path (default CKPT/metrics.json)")
-    host: str = option("127.0.0.1", help="rendezvous address for spawned runs")
+    host: str = option("127.0.0.1", "--host", "--ip", help="rendezvous address for spawned runs (--ip: the kit's name)")
     port: int = option(0, help="rendezvous port (default: a free one)")
     dist_timeout: float = option(120.0, help="seconds a rank waits for a missing peer before failing")
     progress: bool = option(True, "--no-progress", action="store_false",
@@ -70,7 +72,7 @@ class OptimOptions(Options):
                                   "(for time-boxed jobs; continue later with --resume)")
     lr: float = option(0.1, help="peak learning rate (SGD, cosine)")
     momentum: float = option(0.9)
-    weight_decay: float = option(5e-4)
+    weight_decay: float = option(5e-4, "--weight-decay", "--decay", help="SGD weight decay (--decay: the kit's name)")
     amp: str = option("off", choices=("off", "bf16", "fp16"),
                       help="mixed precision: bf16 autocast, or fp16 autocast with GradScaler (GPU)")
     channels_last: bool = option(False, help="NHWC memory format")
@@ -233,6 +235,8 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
          "--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only; drop --sync-bn on CPU")
     refuse_other_modes_options(cfg, modes)
     check_profile_epochs(cfg.profile_epochs, cfg.epochs)
+    need(not (cfg.save_ckpt and cfg.save == "none"), "--save_ckpt saves checkpoints and --save none saves nothing: "
+                                                     "pass one of them")
     need(cfg.nan_patience >= 1, f"--nan-patience {cfg.nan_patience}: use 1 or more steps")
     need(not (cfg.overwrite and cfg.resume is not None),
          "--overwrite starts afresh and --resume continues: pass one of them")
