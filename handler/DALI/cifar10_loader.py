@@ -3,7 +3,7 @@ and get_DALI_loader here: the same splits as every mode, read through DALI.
 
 Importable without DALI installed; get_DALI_loader says how to install it.
 """
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -66,10 +66,8 @@ def get_DALI_loader(test_batch: int, train_batch: int, root: str = "./data", val
         return {"files": np.array(derived_files(cfg, images, source)), "decode": source == "jpeg"}
 
     def pipeline(read: dict, labels, order, batch: int, *, train: bool, seed: int, drop_last: bool = False):
-        if "images" in read:
-            given = dict(memory=(read["images"], labels, order))
-        else:
-            given = dict(files=read["files"][order], labels=labels[order], decode=read["decode"])
+        given: Dict[str, Any] = {"memory": (read["images"], labels, order)} if "images" in read else \
+            {"files": read["files"][order], "labels": labels[order], "decode": read["decode"]}
         return CifarPipeline(None, batch, train, cutout if train else 0, device_id, rank, world, num_workers,
                              seed=seed, drop_last=drop_last, **given)
 

@@ -55,7 +55,7 @@ class CifarPipeline(Pipeline):
                 images, label = _from_memory(shard, *memory, train=is_train, seed=seed, drop_last=drop_last)
             else:
                 source = dict(file_root=data_dir) if files is None else \
-                    dict(files=[str(f) for f in files], labels=[int(y) for y in labels])
+                    dict(files=[str(f) for f in files], labels=[int(y) for y in (labels if labels is not None else ())])
                 images, label = _from_files(shard, source, decode=decode, train=is_train)
             if is_train and cutout_length:
                 images = _cutout(images, cutout_length)

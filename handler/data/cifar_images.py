@@ -18,7 +18,7 @@ import numpy as np
 from ..runtime.errors import UserError
 from .synthetic import CLASSES
 
-SPLITS = ("train", "valid", "test")
+SPLITS = ("train", "valid", "test")  # the kit's folder names
 EXTENSIONS = (".png", ".jpg", ".jpeg")
 
 
@@ -32,7 +32,7 @@ class ImageSplit:
 
 def has_image_tree(root: str) -> bool:
     """ROOT/train and ROOT/test each hold at least one class folder."""
-    return all(_class_folders(os.path.join(root, split)) for split in ("train", "test"))
+    return all(_class_folders(os.path.join(root, split)) for split in SPLITS if split != "valid")
 
 
 def _class_folders(folder: str) -> List[str]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..runtime import rank0
 from .cifar_files import FOLDER, CifarArrays, download_cifar, has_layout, read_cifar
-from .cifar_images import has_image_tree, list_split, read_split, tree_classes
+from .cifar_images import SPLITS, has_image_tree, list_split, read_split, tree_classes
 from ..runtime.errors import UserError
 from .synthetic import write_synthetic
 
@@ -119,7 +119,7 @@ def read_splits(root: str, valid_size: int, seed: int, *, download: bool = False
         data: CifarArrays = read_cifar(root)
         return _held_out(data.train_x, data.train_y, (data.test_x, data.test_y), data.classes, valid_size, seed)
     classes = tree_classes(root)
-    train, valid, test = (list_split(os.path.join(root, s), classes) for s in ("train", "valid", "test"))
+    train, valid, test = (list_split(os.path.join(root, s), classes) for s in SPLITS)
     if len(train.files) < 2 or not test.files:
         raise UserError(f"{root} holds {len(train.files)} training and {len(test.files)} test images; "
                         "training needs at least 2 and testing 1")

@@ -141,7 +141,7 @@ class Config(RunOptions, DataOptions, OptimOptions, ProfilingOptions):
     def as_dict(self) -> dict:
         """The flat option names the metrics' `config` has always had (docs/METRICS.md)."""
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("sections", "batch_split", "dataset_fallback")}
+               if f.name not in ("sections", "batch_split", "dataset_fallback", "save_ckpt")}
         return {**own, **flat(self.sections)}
 
 

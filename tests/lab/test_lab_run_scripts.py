@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from tests.conftest import ROOT, run_process
-from tests.training.test_lab_kit import identity_images
+from tests.lab.test_lab_kit import identity_images
 from handler.data.synthetic import CLASSES
 
 N_TRAIN, N_TEST = 1100, 20  # launch.sh's CPU smoke holds out 1000 images for validation
