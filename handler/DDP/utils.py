@@ -36,6 +36,7 @@ from ..runtime import dist
 from ..runtime.dist import launched_by_torchrun
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError
+from ..runtime.machine import START_BOUND_S, slow_start_warning
 from ..runtime.nvtx import profiler_attached
 from .peers import silent_after
 
@@ -166,7 +167,7 @@ def held_store(host: str, port: int) -> Iterator[int]:
 
 
 def initialize_group(proc_id: int, host: str, port, num_gpu: int, *, use_cuda: Optional[bool] = None,
-                     timeout_s: float = 120.0, store_held: bool = False) -> Rank:
+                     timeout_s: float = 120.0, store_held: bool = False, start_bound_s: float = START_BOUND_S) -> Rank:
     """Problem 2: make process `proc_id` rank proc_id of a num_gpu-process group that meets at
     tcp://host:port, on GPU proc_id (torch.cuda.set_device), and wait for every peer.
 
@@ -174,6 +175,7 @@ def initialize_group(proc_id: int, host: str, port, num_gpu: int, *, use_cuda: O
     timeout_s: how long a collective waits for a missing peer.
     store_held: the spawning process hosts the store at host:port (`held_store`), so every
     rank joins it as a client; otherwise rank 0 creates it (tcp:// rendezvous, the lab's way).
+    start_bound_s: a group not formed by then gets a warning naming NCCL_P2P_DISABLE=1.
     Under torchrun its environment places the rank, and proc_id and num_gpu are ignored."""
     use_cuda = cuda_status()[0] > 0 if use_cuda is None else use_cuda
     port, world_size = int(port), num_gpu
@@ -199,15 +201,16 @@ def initialize_group(proc_id: int, host: str, port, num_gpu: int, *, use_cuda: O
     dist.set_timeout(datetime.timedelta(seconds=timeout_s))
     timeout = datetime.timedelta(seconds=group_timeout_s(backend, timeout_s))
     device_id = torch.device(device) if use_cuda else None
-    if store_held and not launched_by_torchrun():
-        # The keys under the same prefix as a tcp:// rendezvous would use.
-        client = tdist.TCPStore(host, port, world, is_master=False, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
-        tdist.init_process_group(backend, store=tdist.PrefixStore("default_pg", client), rank=rank,  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
-                                 world_size=world, timeout=timeout, device_id=device_id)
-    else:
-        tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                                 timeout=timeout, device_id=device_id)
-    tdist.barrier()
+    with slow_start_warning(start_bound_s):
+        if store_held and not launched_by_torchrun():
+            # The keys under the same prefix as a tcp:// rendezvous would use.
+            client = tdist.TCPStore(host, port, world, is_master=False, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
+            tdist.init_process_group(backend, store=tdist.PrefixStore("default_pg", client), rank=rank,  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
+                                     world_size=world, timeout=timeout, device_id=device_id)
+        else:
+            tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                     timeout=timeout, device_id=device_id)
+        tdist.barrier()
     return Rank(rank=rank, local_rank=local_rank, world_size=world, device=device, backend=backend)
 
 
