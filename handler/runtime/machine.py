@@ -20,7 +20,7 @@ from .errors import UserError
 
 SHM_MIN_BYTES = 512 * 2**20
 START_BOUND_S = 60.0
-GO_ON = "HARNESS_ALLOW_BROKEN_P2P"  # =1: train DataParallel over broken peer-to-peer anyway
+GO_ON = "HARNESS_ALLOW_BROKEN_PEERS"  # =1: train DataParallel over broken peer-to-peer anyway
 
 
 def _cuda_kernel(index: int) -> float:
@@ -50,7 +50,7 @@ def check_kernels(count: int, run: Optional[Callable[[int], float]] = None) -> N
 
 def check_peer_copies(count: int, mode: str, copy: Optional[Callable[[int, int], bool]] = None) -> str:
     """GPU 0 <-> every other GPU copies return what was sent. Broken copies refuse dp (unless
-    HARNESS_ALLOW_BROKEN_P2P=1) and give ddp a warning naming NCCL_P2P_DISABLE=1; returns that warning."""
+    HARNESS_ALLOW_BROKEN_PEERS=1) and give ddp a warning naming NCCL_P2P_DISABLE=1; returns that warning."""
     copy = copy or _cuda_copy
     broken = [f"{a}->{b}" for b in range(1, count) for a, b in ((0, b), (b, 0)) if not copy(a, b)]
     if not broken:

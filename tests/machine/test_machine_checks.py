@@ -35,11 +35,11 @@ def test_a_gpu_without_kernels_for_this_torch_stops_in_one_line_naming_the_setup
 def test_broken_peer_copies_refuse_dp_unless_told_to_go_on_and_warn_ddp(monkeypatch, capsys):
     fake_cuda(monkeypatch, copy=lambda a, b: (a, b) != (0, 1))
     with pytest.raises(UserError, match=r"copies 0->1 return wrong values .*DataParallel would train on garbage.*"
-                                        "NCCL_P2P_DISABLE=1.*HARNESS_ALLOW_BROKEN_P2P=1"):
+                                        "NCCL_P2P_DISABLE=1.*HARNESS_ALLOW_BROKEN_PEERS=1"):
         machine.check_machine(GPU_RUN, one_process=True)
-    monkeypatch.setenv("HARNESS_ALLOW_BROKEN_P2P", "1")
+    monkeypatch.setenv("HARNESS_ALLOW_BROKEN_PEERS", "1")
     machine.check_machine(GPU_RUN, one_process=True)
-    monkeypatch.delenv("HARNESS_ALLOW_BROKEN_P2P")
+    monkeypatch.delenv("HARNESS_ALLOW_BROKEN_PEERS")
     machine.check_machine(dataclasses.replace(GPU_RUN, mode="ddp"), one_process=False)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and all("set NCCL_P2P_DISABLE=1" in line for line in lines)

@@ -1,0 +1,55 @@
+"""The course kit's data layouts read as they are (handler/data/dataset.py, cifar_images.py): the
+PNG tree's labels come from its folder names, any mode's loader reads either layout, and a
+folder the user named is never written into."""
+import os
+
+import pytest
+
+from handler.data.dataset import prepare_dataset, read_splits
+from handler.DDP.cifar10_loader import get_DDP_loader
+from handler.runtime.errors import UserError
+from handler.train.config import Config
+from tests.lab.test_lab_kit import N_TEST, N_TRAIN, decoded_ids, write_layouts
+
+
+def test_the_png_trees_folder_names_give_cifar10s_label_order(tmp_path, capsys):
+    tree = write_layouts(tmp_path)["ddp_dali"]
+    splits = read_splits(tree, valid_size=0, seed=0)
+    # identity_images' label is its index % 10, written under CIFAR-10's name for that label
+    images, labels = splits.train
+    ids = images[:, 0, 0, 0].astype(int) + 256 * images[:, 0, 0, 1].astype(int)
+    assert sorted(ids.tolist()) == list(range(N_TRAIN)) and (labels == ids % 10).all()
+    assert splits.classes[:3] == ["airplane", "automobile", "bird"]
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_other_class_names_are_warned_about_and_follow_their_sorted_order(tmp_path, capsys):
+    tree = write_layouts(tmp_path)["ddp_dali"]
+    for split in ("train", "test"):
+        os.rename(os.path.join(tree, split, "airplane"), os.path.join(tree, split, "plane"))
+    splits = read_splits(tree, valid_size=0, seed=0)
+    assert splits.classes.index("plane") == 7  # bird ... horse, plane, ship, truck
+    assert "label k is the k-th folder in sorted order" in capsys.readouterr().err
+
+
+def test_the_ddp_loader_reads_the_png_tree_too_and_holds_out_valid_from_train(tmp_path):
+    tree = write_layouts(tmp_path)["ddp_dali"]
+    test, train, valid = get_DDP_loader(5, 4, root=tree, valid_size=8, cutout=0, download=False)
+    seen = [i for images, _ in train for i in decoded_ids(images)]
+    held = [i for images, _ in valid for i in decoded_ids(images)]
+    assert sorted(seen + held) == list(range(N_TRAIN)) and len(held) == 8
+    assert sorted(i for images, _ in test for i in decoded_ids(images)) == list(range(N_TRAIN, N_TRAIN + N_TEST))
+
+
+def test_a_named_folder_with_neither_layout_is_one_line_naming_both(tmp_path):
+    named = tmp_path / "mine"
+    named.mkdir()
+    (named / "notes.txt").write_text("not CIFAR")
+    with pytest.raises(UserError) as err:
+        prepare_dataset(Config(data=str(named)))
+    message = str(err.value)
+    assert "\n" not in message and "neither layout" in message
+    assert "cifar-10-batches-py" in message and "DIR/train/<class>/<n>.png" in message
+    assert os.listdir(named) == ["notes.txt"], "something was written into the named folder"
+    with pytest.raises(UserError, match="neither layout"):
+        get_DDP_loader(5, 4, root=str(named), download=False)
