@@ -2,9 +2,11 @@
 
 One file per image: `raw` holds the 32x32x3 uint8 pixels as they are (3072 bytes,
 no decoding needed); `jpeg` holds a quality-95 4:4:4 JPEG, which nvJPEG can decode
-on the GPU. A set lives in `DATA/dali_cache/<format>-<key>/`, where the key hashes
+on the GPU. A set lives in `CACHE/dali_cache/<format>-<key>/`, where the key hashes
 the format and the split's pixels, so a changed dataset or split gets a new folder
 and is never served stale. Labels are not stored: they travel with the file list.
+CACHE is `$XDG_CACHE_HOME/cifar-harness` (default `~/.cache/cifar-harness`): never the
+data folder, which may be the user's own (docs/LAB.md).
 """
 import hashlib
 import os
@@ -28,11 +30,17 @@ def derived_files(cfg, images: np.ndarray, fmt: str) -> List[str]:
     Rank 0 builds while the other ranks wait; a rank that then still finds no set
     (a node without the shared disk) builds its own copy.
     """
-    folder = os.path.join(cfg.data, CACHE, f"{fmt}-{content_key(images, fmt)}")
+    folder = os.path.join(cache_root(), CACHE, f"{fmt}-{content_key(images, fmt)}")
     with rank0.first(cfg):
         if not os.path.isdir(folder):
             _build(folder, images, fmt)
     return [os.path.join(folder, f"{i}{FORMATS[fmt]}") for i in range(len(images))]
+
+
+def cache_root() -> str:
+    """Where derived files go: $XDG_CACHE_HOME/cifar-harness, else ~/.cache/cifar-harness."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cifar-harness")
 
 
 def content_key(images: np.ndarray, fmt: str) -> str:

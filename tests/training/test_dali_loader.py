@@ -329,12 +329,14 @@ def test_derived_files_are_reused_and_rebuilt_when_a_pixel_changes(tmp_path):
 
 
 def test_a_failed_build_leaves_no_cache_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     def fail(path, image):
         raise OSError("disk full")
     monkeypatch.setattr(derived, "_write_raw", fail)
     with pytest.raises(OSError):
         derived.derived_files(config(tmp_path), identity_images(5)[0], "raw")
-    assert os.listdir(tmp_path / derived.CACHE) == []
+    assert os.listdir(tmp_path / "cache" / "cifar-harness" / derived.CACHE) == []
+    assert sorted(os.listdir(tmp_path)) == ["cache"], "a derived file went into the data folder"
 
 
 def test_unknown_source_and_missing_dali_are_one_line_user_errors(monkeypatch):
