@@ -53,3 +53,29 @@ def test_a_named_folder_with_neither_layout_is_one_line_naming_both(tmp_path):
     assert os.listdir(named) == ["notes.txt"], "something was written into the named folder"
     with pytest.raises(UserError, match="neither layout"):
         get_DDP_loader(5, 4, root=str(named), download=False)
+
+
+def test_the_lab_pipeline_reads_a_class_tree_with_dalis_labels_equal_to_ours(tmp_path):
+    """CifarPipeline(data_dir, ...) as the lab builds it: fn.readers.file(file_root=...) numbers
+    the class folders itself; its labels must be the ones the harness reads for the same files."""
+    pytest.importorskip("nvidia.dali")
+    from handler.DALI.pipeline import CifarPipeline, DALIWrapper
+    tree = write_layouts(tmp_path)["ddp_dali"]
+    loader = DALIWrapper(lambda epoch: CifarPipeline(os.path.join(tree, "train"), 8, False, 0, None, 0, 1, 1),
+                         samples=N_TRAIN, batch=8)
+    for _ in range(2):  # a second pass after the lab's reset()
+        pairs = [(i, int(y)) for images, labels in loader for i, y in zip(decoded_ids(images), labels)]
+        assert sorted(i for i, _ in pairs) == list(range(N_TRAIN)) and all(y == i % 10 for i, y in pairs)
+        loader.reset()
+
+
+def test_the_kits_command_line_parses_to_what_it_means():
+    from handler.modes import all_modes
+    from handler.train.config import parse_config
+    kit = ["--num_gpu=2", "--data=dataset/cifar10", "--ckpt=runs/x", "--mode=ddp", "--save_ckpt", "--ip=127.0.0.2",
+           "--port=29500", "--lr=0.05", "--decay=1e-4", "--seed=3"]
+    cfg = parse_config(kit, all_modes(), cuda_count=0)
+    assert (cfg.num_gpu, cfg.data, cfg.ckpt, cfg.mode, cfg.save) == (2, "dataset/cifar10", "runs/x", "ddp", "ckpt")
+    assert (cfg.host, cfg.port, cfg.lr, cfg.weight_decay, cfg.seed) == ("127.0.0.2", 29500, 0.05, 1e-4, 3)
+    with pytest.raises(UserError, match="--save_ckpt saves checkpoints and --save none saves nothing"):
+        parse_config([*kit, "--save", "none"], all_modes(), cuda_count=0)
