@@ -70,3 +70,13 @@ def test_a_group_that_does_not_form_within_the_bound_names_nccl_p2p_disable(caps
     assert time.monotonic() - started < 30
     err = capsys.readouterr().err
     assert "the process group has not formed after 0 s" in err and "NCCL_P2P_DISABLE=1" in err
+
+
+def test_launch_profiles_without_the_cpu_sampling_that_warns_in_unprivileged_containers():
+    """CPU sampling and context-switch tracing need perf events, which an unprivileged container
+    refuses with a warning (perf_event_paranoid); launch.sh's nsys options turn both off."""
+    import subprocess
+    from tests.conftest import ROOT
+    opts = subprocess.run(["bash", "-c", f'source {ROOT}/scripts/nsys_options.sh && printf "%s\\n" "${{NSYS_PROFILE_OPTS[@]}}"'],
+                          capture_output=True, text=True, check=True).stdout.split()
+    assert "--sample=none" in opts and "--cpuctxsw=none" in opts
