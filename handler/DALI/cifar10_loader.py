@@ -78,8 +78,7 @@ def get_DALI_loader(test_batch: int, train_batch: int, root: str = "./data", val
         drop_last = samples % train_batch == 1
 
         def make(epoch):
-            order = padded_permutation(len(labels), world, random_seed, epoch) if shuffle else \
-                padded_permutation(len(labels), world, random_seed, epoch, shuffled=False)
+            order = padded_permutation(len(labels), world, random_seed, epoch, shuffled=shuffle)
             seed = int(np.random.SeedSequence([random_seed, rank, epoch]).generate_state(1)[0])
             return pipeline(read, labels, order, train_batch, train=True, seed=seed, drop_last=drop_last)
 

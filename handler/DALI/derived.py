@@ -17,6 +17,7 @@ from typing import List
 import numpy as np
 from PIL import Image
 
+from ..data.cifar_images import cache_root
 from ..runtime import rank0
 
 FORMATS = {"raw": ".raw", "jpeg": ".jpg"}
@@ -35,12 +36,6 @@ def derived_files(cfg, images: np.ndarray, fmt: str) -> List[str]:
         if not os.path.isdir(folder):
             _build(folder, images, fmt)
     return [os.path.join(folder, f"{i}{FORMATS[fmt]}") for i in range(len(images))]
-
-
-def cache_root() -> str:
-    """Where derived files go: $XDG_CACHE_HOME/cifar-harness, else ~/.cache/cifar-harness."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cifar-harness")
 
 
 def content_key(images: np.ndarray, fmt: str) -> str:

@@ -79,3 +79,21 @@ def test_the_kits_command_line_parses_to_what_it_means():
     assert (cfg.host, cfg.port, cfg.lr, cfg.weight_decay, cfg.seed) == ("127.0.0.2", 29500, 0.05, 1e-4, 3)
     with pytest.raises(UserError, match="--save_ckpt saves checkpoints and --save none saves nothing"):
         parse_config([*kit, "--save", "none"], all_modes(), cuda_count=0)
+
+
+def test_decoded_pngs_are_cached_outside_the_tree_and_a_changed_file_is_read_again(tmp_path, monkeypatch):
+    from PIL import Image
+    from handler.data.cifar_images import list_split, read_split
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tree = write_layouts(tmp_path / "data")["ddp_dali"]
+    split = list_split(os.path.join(tree, "test"), sorted(os.listdir(os.path.join(tree, "test"))))
+    first, _ = read_split(split)
+    assert len(os.listdir(tmp_path / "cache" / "cifar-harness" / "png_arrays")) == 1
+    Image.new("RGB", (32, 32), (7, 7, 7)).save(split.files[0])
+    os.utime(split.files[0], ns=(1, 1))  # a new time as well as new pixels
+    again, _ = read_split(split)
+    assert again[0, 0, 0].tolist() == [7, 7, 7] and (again[1:] == first[1:]).all()
+    with open(split.files[1], "wb") as f:
+        f.write(b"not a png")
+    with pytest.raises(UserError, match="is not a readable image"):
+        read_split(split)
