@@ -26,7 +26,8 @@ from handler.train.config import Config
 from handler.data.dataset import Splits
 from handler.train.loop import sync
 from handler.data.synthetic import CLASSES, make_images
-from handler.DALI.cifar10_loader import SOURCES, get_DALI_loader
+from handler.DALI.cifar10_loader import get_DALI_loader
+from handler.DALI.options import ARRAY_SOURCES as SOURCES  # the bench builds its arrays in memory: no PNG tree
 from handler.DALI.options import DaliOptions
 from handler.DDP.cifar10_loader import get_DDP_loader
 from handler.data.loaders import lab_loaders

@@ -8,7 +8,7 @@ import fnmatch
 from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence, Tuple
 
-from handler.DALI.options import SOURCES as DALI_SOURCES  # every --dali-source gets a check
+from handler.DALI.options import ARRAY_SOURCES as DALI_SOURCES  # every --dali-source but files (a PNG tree) gets a check
 
 Expect = Tuple[Tuple[str, object], ...]  # (metrics path "env.backend", value) pairs
 
@@ -72,7 +72,7 @@ def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = Tr
         train("dp --dp-balanced", "--mode", "dp", "--dp-balanced"),
         train("ddp", "--mode", "ddp", env__backend="nccl"),
         *(train(f"ddp_dali {src}", "--mode", "ddp_dali", "--dali-source", src, skip=no_dali,
-                config__dali_source=src) for src in DALI_SOURCES if src != "files"),  # files needs a PNG tree
+                config__dali_source=src) for src in DALI_SOURCES),
         train("fsdp", "--mode", "fsdp"),
         # One stage: NCCL refuses two ranks on one GPU, so send/recv between stages is the 2-GPU pass's.
         train("pp (1 stage)", "--mode", "pp", env__backend="nccl"),

@@ -3,7 +3,8 @@ from dataclasses import dataclass
 
 from ..train.options import Options, option
 
-SOURCES = ("memory", "raw", "jpeg", "files")  # handler/DALI/cifar10_loader.py reads each
+ARRAY_SOURCES = ("memory", "raw", "jpeg")  # from the split arrays, whichever layout they were read from
+SOURCES = (*ARRAY_SOURCES, "files")  # handler/DALI/cifar10_loader.py reads each; files: the PNG tree itself
 
 
 @dataclass(frozen=True, kw_only=True)

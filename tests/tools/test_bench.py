@@ -72,7 +72,7 @@ def ddp_scaling_rank_then_threads(proc_id, world, port, out_dir):
     """One rank of bench.ddp_scaling's 2-rank DDP measurement, then the threads its process
     still runs once the rank has returned, as mp.spawn's exit would find them."""
     from bench import ddp_scaling
-    ddp_scaling.worker(proc_id, world, 1, True, port, ddp_scaling.QUICK, os.path.join(out_dir, "rates.json"))
+    ddp_scaling.worker(proc_id, (world, 1, True, port, ddp_scaling.QUICK, os.path.join(out_dir, "rates.json")))
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
     with open(os.path.join(out_dir, f"threads{proc_id}.json"), "w") as f:
         json.dump(names, f)
