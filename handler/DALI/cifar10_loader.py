@@ -23,6 +23,16 @@ def require_dali() -> None:
         raise UserError(f"--mode ddp_dali needs NVIDIA DALI: {dali_install_hint()}") from None
 
 
+def __getattr__(name: str):
+    """The lab's CifarPipeline and DALIWrapper are this module's names too, as in the kit; they
+    live in pipeline.py, which imports DALI, so they load (and check DALI) on first use."""
+    if name in ("CifarPipeline", "DALIWrapper"):
+        require_dali()
+        from . import pipeline
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def resolve_source(source: str) -> str:
     """A source named in code (the command line's choices are checked by the parser)."""
     if source not in SOURCES:

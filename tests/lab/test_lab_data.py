@@ -59,7 +59,7 @@ def test_the_lab_pipeline_reads_a_class_tree_with_dalis_labels_equal_to_ours(tmp
     """CifarPipeline(data_dir, ...) as the lab builds it: fn.readers.file(file_root=...) numbers
     the class folders itself; its labels must be the ones the harness reads for the same files."""
     pytest.importorskip("nvidia.dali")
-    from handler.DALI.pipeline import CifarPipeline, DALIWrapper
+    from handler.DALI.cifar10_loader import CifarPipeline, DALIWrapper  # the kit's module names them
     tree = write_layouts(tmp_path)["ddp_dali"]
     loader = DALIWrapper(lambda epoch: CifarPipeline(os.path.join(tree, "train"), 8, False, 0, None, 0, 1, 1),
                          samples=N_TRAIN, batch=8)
