@@ -31,6 +31,14 @@ LAYOUTS = (f"torchvision's CIFAR-10 folder (DIR/{FOLDER}/data_batch_1..5, test_b
            "(DIR/train/<class>/<n>.png, DIR/test/...)")
 
 
+DEFAULT_DATA = "./data"  # the repository's own data folder; any other --data is one the user named
+
+
+def named(data: str) -> bool:
+    """--data names a folder of the user's: nothing but an allowed download is written into it."""
+    return data != DEFAULT_DATA
+
+
 def neither_layout(root: str) -> UserError:
     return UserError(f"{root} holds neither layout: point --data (DATA_DIR) at {LAYOUTS}")
 
@@ -49,7 +57,7 @@ def prepare_dataset(cfg):
         return _synthetic(cfg, reason=None)
     if has_cifar(cfg.data):
         return dataclasses.replace(cfg, dataset="cifar10")
-    if cfg.data != type(cfg)().data and os.path.isdir(cfg.data) and os.listdir(cfg.data):
+    if named(cfg.data) and os.path.isdir(cfg.data) and os.listdir(cfg.data):
         raise neither_layout(cfg.data)  # a folder the user named: never download or generate into it
     rank0.say(cfg, f"CIFAR-10 not found under {cfg.data}; downloading it (about 170 MB)...")
     try:
@@ -78,7 +86,8 @@ def data_lock(cfg):
 
 def _synthetic(cfg, reason):
     """`reason`: why --dataset auto fell back (None when synthetic was asked for); the metrics
-    record it as env.dataset_fallback (docs/METRICS.md)."""
+    record it as env.dataset_fallback (docs/METRICS.md). A fallback set goes to the cache when
+    --data names the user's folder (Config.dataset_dir)."""
     cfg = dataclasses.replace(cfg, dataset="synthetic", dataset_fallback=reason or "")
     if reason is not None:
         rank0.banner(cfg,

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Type, TypeVar
 
+from ..data.cifar_images import cache_root
+from ..data.dataset import DEFAULT_DATA, named
 from ..runtime.errors import UserError, need
 from .capture import check_profile_epochs
 from .mode import Mode
@@ -50,7 +52,8 @@ class RunOptions(Options):
 @dataclass(frozen=True, kw_only=True)
 class DataOptions(Options):
     TITLE = "data"
-    data: str = option("./data", help="dataset root holding cifar-10-batches-py")
+    data: str = option(DEFAULT_DATA, help="dataset root: torchvision's folder (holding cifar-10-batches-py) or the "
+                                          "course kit's PNG tree (DATA/train/<class>/<n>.png; docs/LAB.md)")
     dataset: str = option("auto", choices=("auto", "cifar10", "synthetic"),
                           help="cifar10 (download if absent), synthetic, or auto: cifar10 if "
                                "present or downloadable, else synthetic")
@@ -127,7 +130,8 @@ class Config(RunOptions, DataOptions, OptimOptions, ProfilingOptions):
         """Folder holding cifar-10-batches-py for this run's dataset choice."""
         if self.dataset == "synthetic":
             name = f"synthetic_{self.synthetic_train}x{self.synthetic_test}"
-            return os.path.join(self.data, name)
+            # A fallback nobody asked for never lands in a folder the user named.
+            return os.path.join(cache_root() if self.dataset_fallback and named(self.data) else self.data, name)
         return self.data
 
     def section(self, kind: Type[S]) -> S:
