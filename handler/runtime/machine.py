@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, List, Optional
 
 from .errors import UserError
 
@@ -62,8 +62,9 @@ def check_peer_copies(count: int, mode: str, copy: Optional[Callable[[int, int],
     return f"warning: {what}; if the run hangs or its loss goes NaN, set NCCL_P2P_DISABLE=1"
 
 
-def check_shm(path: str = "/dev/shm", min_bytes: int = SHM_MIN_BYTES) -> str:
-    """A warning when `path` is smaller than NCCL's shared-memory transport needs, else ""."""
+def check_shm(path: str = "/dev/shm", min_bytes: Optional[int] = None) -> str:
+    """A warning when `path` is smaller than NCCL's shared-memory transport needs (SHM_MIN_BYTES), else ""."""
+    min_bytes = SHM_MIN_BYTES if min_bytes is None else min_bytes
     if os.environ.get("NCCL_SHM_DISABLE") == "1" or not os.path.isdir(path):
         return ""
     stat = os.statvfs(path)
@@ -72,6 +73,20 @@ def check_shm(path: str = "/dev/shm", min_bytes: int = SHM_MIN_BYTES) -> str:
         return ""
     return (f"warning: {path} is {size // 2**20} MB, too small for NCCL's shared memory (the run may fail "
             "with 'unhandled system error'); set NCCL_SHM_DISABLE=1 or give the container --shm-size=1g")
+
+
+def findings(count: int) -> List[str]:
+    """Every check on `count` GPUs, as the lines a run would print or stop with (scripts/gpu_check
+    puts them in its report); empty when all pass."""
+    lines = []
+    try:
+        check_kernels(count)
+    except UserError as err:
+        lines.append(str(err))
+    if count > 1:
+        lines.append(check_peer_copies(count, "ddp"))
+    lines.append(check_shm())
+    return [line for line in lines if line]
 
 
 def check_machine(cfg, one_process: bool) -> None:

@@ -80,3 +80,14 @@ def test_launch_profiles_without_the_cpu_sampling_that_warns_in_unprivileged_con
     opts = subprocess.run(["bash", "-c", f'source {ROOT}/scripts/nsys_options.sh && printf "%s\\n" "${{NSYS_PROFILE_OPTS[@]}}"'],
                           capture_output=True, text=True, check=True).stdout.split()
     assert "--sample=none" in opts and "--cpuctxsw=none" in opts
+
+
+def test_gpu_check_reports_every_finding_as_its_one_line(monkeypatch, tmp_path):
+    from scripts.gpu_check_report import write_reports
+    monkeypatch.delenv("NCCL_SHM_DISABLE", raising=False)
+    fake_cuda(monkeypatch, copy=lambda a, b: False)
+    monkeypatch.setattr(machine, "SHM_MIN_BYTES", 1)
+    lines = machine.findings(2)
+    assert len(lines) == 1 and "copies 0->1, 1->0 return wrong values" in lines[0]
+    markdown, _ = write_reports([], {"machine_checks": lines}, tmp_path)
+    assert lines[0] in markdown.read_text()
