@@ -2,7 +2,7 @@
 ddp_dali, fsdp, pp): `run_process` starts them, `initialize_group` joins them into one process
 group, `destroy_process` takes the group down. The one place that knows how.
 
-Called the lab's way they do what the lab means (train_cifar.py's main_func(proc_id, args) in
+Called the lab's way they do what the lab means (the course kit's main_func(proc_id, args) in
 args.num_gpu processes; tests/lab/test_lab_kit.py drives them so); the harness adds its
 extras (a held store, timeouts, CPU ranks over gloo) as keyword arguments.
 
