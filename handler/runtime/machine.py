@@ -52,7 +52,13 @@ def check_peer_copies(count: int, mode: str, copy: Optional[Callable[[int, int],
     """GPU 0 <-> every other GPU copies return what was sent. Broken copies refuse dp (unless
     HARNESS_ALLOW_BROKEN_PEERS=1) and give ddp a warning naming NCCL_P2P_DISABLE=1; returns that warning."""
     copy = copy or _cuda_copy
-    broken = [f"{a}->{b}" for b in range(1, count) for a, b in ((0, b), (b, 0)) if not copy(a, b)]
+
+    def correct(a: int, b: int) -> bool:
+        try:
+            return copy(a, b)
+        except RuntimeError:  # a copy that fails outright is as broken as a wrong one
+            return False
+    broken = [f"{a}->{b}" for b in range(1, count) for a, b in ((0, b), (b, 0)) if not correct(a, b)]
     if not broken:
         return ""
     what = f"GPU<->GPU copies {', '.join(broken)} return wrong values (peer-to-peer is broken on this host)"

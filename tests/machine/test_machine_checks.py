@@ -91,3 +91,10 @@ def test_gpu_check_reports_every_finding_as_its_one_line(monkeypatch, tmp_path):
     assert len(lines) == 1 and "copies 0->1, 1->0 return wrong values" in lines[0]
     markdown, _ = write_reports([], {"machine_checks": lines}, tmp_path)
     assert lines[0] in markdown.read_text()
+
+
+def test_a_copy_that_fails_outright_counts_as_broken(monkeypatch):
+    def copy(a, b):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    fake_cuda(monkeypatch, copy=copy)
+    assert "copies 0->1, 1->0 return wrong values" in machine.check_peer_copies(2, "ddp")
