@@ -6,7 +6,7 @@ This file only parses, validates and dispatches; each mode lives in handler/ (se
 """
 import sys
 
-from handler.DDP.processes import elastic_restart_count, launched_by_torchrun
+from handler.DDP.utils import elastic_restart_count, launched_by_torchrun
 from handler.modes import parse_config, preflight, run_mode
 from handler.runtime.devices import cuda_status, require_usable_gpus
 from handler.runtime.errors import one_line_errors

@@ -24,7 +24,7 @@ from bench.common import fixed_batches, make_optimizer
 from handler.DDP.comm_hook import CommHook
 from handler.DDP.options import CommOptions
 from handler.DDP.model import no_buffer_sync
-from handler.DDP.processes import destroy_process, initialize_group
+from handler.DDP.utils import destroy_process, initialize_group
 from handler.profiling.comm import comm_stats
 from handler.profiling.stats import intersect, length, merge
 from handler.profiling.trace import Range

@@ -4,7 +4,7 @@
 
 Three configurations train resnet20 with the loop's real step (_optimise) on fixed
 synthetic batches of one GLOBAL batch size, split over the ranks as train_cifar.py
-does, in real gloo process groups (handler/DDP/processes.py, model_to_DDP):
+does, in real gloo process groups (handler/DDP/utils.py, model_to_DDP):
   - 1 rank x 1 thread, 2 ranks x 1 thread each, 1 rank x 2 threads.
 A fourth, the control, is 2 ranks x 1 thread with the plain model: the same work
 with no gradient all-reduce, so no rank waits for the other. Its ratio to
@@ -29,7 +29,7 @@ from bench.common import (alternate, check_target, context, emit, fixed_batches,
 from handler.runtime.cpu_memory import keep_freed_memory
 from handler.train.loop import _optimise
 from handler.DDP.model import model_to_DDP
-from handler.DDP.processes import destroy_process, held_store, initialize_group, run_process
+from handler.DDP.utils import destroy_process, held_store, initialize_group, run_process
 from models import build_model
 
 FULL: Dict[str, Any] = dict(model="resnet20", batch=128, warmup=3, steps=12, rounds=5)
@@ -41,7 +41,8 @@ TARGETS = {"2 ranks x 1 thread": {"1 rank x 1 thread": 1.8, "1 rank x 2 threads"
 CEILING = (CONTROL, "1 rank x 2 threads")
 
 
-def worker(proc_id: int, world: int, threads: int, ddp: bool, port: int, size: dict, out: str) -> None:
+def worker(proc_id: int, job: tuple) -> None:
+    world, threads, ddp, port, size, out = job
     os.environ["OMP_NUM_THREADS"] = str(threads)
     me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=120, store_held=True)
     keep_freed_memory()  # as fit() does in every CPU rank

@@ -26,9 +26,11 @@ from handler.train.config import Config
 from handler.data.dataset import Splits
 from handler.train.loop import sync
 from handler.data.synthetic import CLASSES, make_images
-from handler.DALI.cifar10_loader import SOURCES, get_DALI_loader
+from handler.DALI.cifar10_loader import get_DALI_loader
+from handler.DALI.options import ARRAY_SOURCES as SOURCES  # the bench builds its arrays in memory: no PNG tree
 from handler.DALI.options import DaliOptions
 from handler.DDP.cifar10_loader import get_DDP_loader
+from handler.data.loaders import lab_loaders
 
 IMAGES, QUICK_IMAGES = 50_000, 1_024
 BATCH = 256
@@ -71,13 +73,13 @@ def build_loaders(splits: Splits, data: str) -> dict:
     """{name: (train loader, device)} for every loader this machine can run."""
     base = Config(mode="ddp", batch_size=BATCH, valid_size=0, cutout=0, data=data)
     cpu = torch.device("cpu")
-    loaders = {f"torchvision w{w}": (get_DDP_loader(dataclasses.replace(base, workers=w), splits).train, cpu)
+    loaders = {f"torchvision w{w}": (lab_loaders(get_DDP_loader, dataclasses.replace(base, workers=w), splits).train, cpu)
                for w in (0, PARALLEL)}
     dali_cfg = dataclasses.replace(base, mode="ddp_dali", workers=PARALLEL)
 
     def dali(cfg: Config, source: str):
         """A source's train loader; the source is the config's option, as on the command line."""
-        return get_DALI_loader(cfg.with_section(DaliOptions(dali_source=source)), splits).train
+        return lab_loaders(get_DALI_loader, cfg.with_section(DaliOptions(dali_source=source)), splits, pass_cfg=True).train
 
     for source in SOURCES:
         loaders[f"dali-cpu {source} t{PARALLEL}"] = (dali(dali_cfg, source), cpu)

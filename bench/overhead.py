@@ -40,7 +40,7 @@ from handler.train.divergence import DivergenceGuard  # noqa: E402
 from handler.train.loop import sync, train_epoch  # noqa: E402
 from handler.runtime.stopping import StopFlag  # noqa: E402
 from handler.DDP.model import model_to_DDP  # noqa: E402
-from handler.DDP.processes import destroy_process, held_store, initialize_group  # noqa: E402
+from handler.DDP.utils import destroy_process, held_store, initialize_group  # noqa: E402
 from models import build_model  # noqa: E402
 
 FULL = dict(model="resnet20", batch=128, steps=5, rounds=15, block_s=0.5)

@@ -36,7 +36,7 @@ import torch
 from bench.common import alternate, check_target, context, emit, fixed_batches, make_step, parser, ratio, table
 from handler.runtime.cpu_memory import keep_freed_memory
 from handler.train.loop import _optimise
-from handler.DDP.processes import destroy_process, held_store, initialize_group, run_process
+from handler.DDP.utils import destroy_process, held_store, initialize_group, run_process
 from handler.profiling.bubble import theoretical_bubble
 from handler.PP.schedule import Pipeline, model_to_pipeline
 from handler.PP.step import pipeline_step
@@ -90,7 +90,8 @@ class _Held:
         self.owner.release(self.ptr, self.nbytes)
 
 
-def worker(proc_id, world, schedule, m, split, port, size, out):
+def worker(proc_id, job):
+    world, schedule, m, split, port, size, out = job
     os.environ["OMP_NUM_THREADS"] = "1"
     me = initialize_group(proc_id, "127.0.0.1", port, world, use_cuda=False, timeout_s=120, store_held=True)
     keep_freed_memory()

@@ -8,7 +8,7 @@ import fnmatch
 from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from handler.DALI.options import SOURCES as DALI_SOURCES  # every --dali-source gets a check
+from handler.DALI.options import ARRAY_SOURCES as DALI_SOURCES  # every --dali-source but files (a PNG tree) gets a check
 
 Expect = Tuple[Tuple[str, object], ...]  # (metrics path "env.backend", value) pairs
 

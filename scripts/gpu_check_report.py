@@ -32,13 +32,15 @@ def nvidia_driver() -> Optional[str]:
 def environment(rehearsal: bool = False) -> dict:
     """The machine: GPUs (none in a rehearsal, which hides them), driver, versions, load."""
     import torch
+    from handler.runtime.machine import findings
     from handler.train.metrics import dali_version
     count = 0 if rehearsal else torch.cuda.device_count()
     cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "rehearsal": rehearsal, "gpu": torch.cuda.get_device_name(0) if count else f"none (CPU: {cpu})",
             "gpus": count, "driver": nvidia_driver(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-            "dali": dali_version(), "cpu": cpu, "load_average": [round(x, 2) for x in os.getloadavg()]}
+            "dali": dali_version(), "cpu": cpu, "load_average": [round(x, 2) for x in os.getloadavg()],
+            "machine_checks": findings(count) if count else []}  # handler/runtime/machine.py
 
 
 def write_reports(results: List[Result], env: dict, out: Path, stem: str = "gpu_check") -> Tuple[Path, Path]:
@@ -51,6 +53,7 @@ def write_reports(results: List[Result], env: dict, out: Path, stem: str = "gpu_
     lines = [f"GPU check {env.get('date')}: {env.get('gpus')} x {env.get('gpu')}, driver {env.get('driver')}, "
              f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), DALI {env.get('dali') or 'not installed'}"]
     lines += ["", REHEARSAL_WARNING] if env.get("rehearsal") else []
+    lines += ["", *env["machine_checks"]] if env.get("machine_checks") else []
     lines += ["", "| check | result | seconds | GPU | driver | torch | DALI | detail | rehearsal |",
               "|---|---|---:|---|---|---|---|---|---|"]
     lines += [f"| {r['check']} | {r['result']} | {r['seconds']:.1f} | {r['gpu']} | {r['driver']} | {r['torch']} "

@@ -5,7 +5,9 @@
 #   MODE=ddp NUM_GPUS=2 scripts/launch.sh [train_cifar.py arguments...]
 #
 # MODE (ddp_dali) handler/modes.py's       NUM_GPUS (visible GPUs, else 2 CPU processes)
-# LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   DATA_DIR (./data)   CKPT_DIR (ckpt/<run name>/<start time>)
+# LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   CKPT_DIR (ckpt/<run name>/<start time>)
+# DATA_DIR (./data): torchvision's CIFAR-10 folder or the course kit's PNG tree (docs/LAB.md); without a
+#   GPU the run trains on it when set, else on a synthetic set in ./data
 # NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
 # PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
 # GPU_METRICS 0|1 (0): nsys GPU metrics sampling  NSYS_INSTALLER (scripts/install_nsys.sh)
@@ -84,6 +86,7 @@ else
 fi
 NUM_GPUS="${NUM_GPUS:-$default_count}"
 
+data_named="${DATA_DIR:+1}"  # the user's DATA_DIR: a CPU run trains on it too, never on a synthetic set
 DATA_DIR="${DATA_DIR:-./data}"
 NSIGHT_LOG_DIR="${NSIGHT_LOG_DIR:-nsight_logs}"
 NSIGHT_FILE_NAME="${NSIGHT_FILE_NAME:-${MODE}_${device}${NUM_GPUS}}"
@@ -114,9 +117,12 @@ earlier="$(move_earlier_run "$NSIGHT_LOG_DIR" "$NSIGHT_FILE_NAME")" \
 
 smoke=()
 if [[ $device == cpu ]]; then
-    smoke=(--model resnet20 --epochs 2 --dataset synthetic --valid-size 1000)
+    smoke=(--model resnet20 --epochs 2 --valid-size 1000)
+    [[ -n $data_named ]] || smoke+=(--dataset synthetic)
     say "no GPU visible: CPU smoke configuration (${smoke[*]}); arguments you pass override it"
 fi
+# The course kit's PNG tree (DATA_DIR/train/<class>/<n>.png) is read as it is by ddp_dali.
+[[ $MODE == ddp_dali && -d "$DATA_DIR/train" ]] && smoke+=(--dali-source files)
 window=()
 [[ -n "${PROFILE_EPOCHS:-}" ]] && window=(--profile-epochs "$PROFILE_EPOCHS")
 # The smoke defaults come first so that argparse lets the caller's arguments win.

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from handler.train.loop import Step, _optimise
 from handler.DDP.model import model_to_DDP
-from handler.DDP.processes import destroy_process, initialize_group
+from handler.DDP.utils import destroy_process, initialize_group
 
 
 class TinyNet(nn.Module):

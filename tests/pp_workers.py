@@ -5,7 +5,7 @@ import torch
 import torch.distributed
 
 from handler.train.loop import Step, _optimise
-from handler.DDP.processes import destroy_process, initialize_group
+from handler.DDP.utils import destroy_process, initialize_group
 from handler.PP.checkpoint import PipelineState
 from handler.PP.schedule import model_to_pipeline
 from handler.PP.step import pipeline_step

@@ -2,9 +2,11 @@
 
 One file per image: `raw` holds the 32x32x3 uint8 pixels as they are (3072 bytes,
 no decoding needed); `jpeg` holds a quality-95 4:4:4 JPEG, which nvJPEG can decode
-on the GPU. A set lives in `DATA/dali_cache/<format>-<key>/`, where the key hashes
+on the GPU. A set lives in `CACHE/dali_cache/<format>-<key>/`, where the key hashes
 the format and the split's pixels, so a changed dataset or split gets a new folder
 and is never served stale. Labels are not stored: they travel with the file list.
+CACHE is `$XDG_CACHE_HOME/cifar-harness` (default `~/.cache/cifar-harness`): never the
+data folder, which may be the user's own (docs/LAB.md).
 """
 import hashlib
 import os
@@ -15,6 +17,7 @@ from typing import List
 import numpy as np
 from PIL import Image
 
+from ..data.cifar_images import cache_root
 from ..runtime import rank0
 
 FORMATS = {"raw": ".raw", "jpeg": ".jpg"}
@@ -28,7 +31,7 @@ def derived_files(cfg, images: np.ndarray, fmt: str) -> List[str]:
     Rank 0 builds while the other ranks wait; a rank that then still finds no set
     (a node without the shared disk) builds its own copy.
     """
-    folder = os.path.join(cfg.data, CACHE, f"{fmt}-{content_key(images, fmt)}")
+    folder = os.path.join(cache_root(), CACHE, f"{fmt}-{content_key(images, fmt)}")
     with rank0.first(cfg):
         if not os.path.isdir(folder):
             _build(folder, images, fmt)

@@ -1,5 +1,7 @@
 """--mode ddp_dali: ddp's processes, model and comm options, with batches from NVIDIA DALI
 pipelines reading the input its own option names."""
+from functools import partial
+
 from ..DDP.mode import launch
 from ..DDP.options import CommOptions, check_comm
 from ..train.mode import Mode
@@ -8,8 +10,9 @@ from .options import DaliOptions
 
 def strategy(cfg):
     from ..DDP.mode import strategy as ddp_strategy
+    from ..data.loaders import lab_loaders
     from .cifar10_loader import get_DALI_loader
-    return ddp_strategy(cfg, make_loaders=get_DALI_loader)
+    return ddp_strategy(cfg, make_loaders=partial(lab_loaders, get_DALI_loader, pass_cfg=True))
 
 
 def preflight(cfg) -> None:

@@ -3,7 +3,8 @@ from dataclasses import dataclass
 
 from ..train.options import Options, option
 
-SOURCES = ("memory", "raw", "jpeg")  # handler/DALI/cifar10_loader.py reads each
+ARRAY_SOURCES = ("memory", "raw", "jpeg")  # from the split arrays, whichever layout they were read from
+SOURCES = (*ARRAY_SOURCES, "files")  # handler/DALI/cifar10_loader.py reads each; files: the PNG tree itself
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,5 +16,5 @@ class DaliOptions(Options):
     # memory is the default: the fastest measured on CPU (docs/DALI.md). The metrics record the source that ran.
     dali_source: str = option("memory", choices=SOURCES,
                               help="ddp_dali input: the arrays in memory (default, fastest measured), one raw "
-                                   "uint8 file per image, or JPEG files decoded by DALI (on the GPU with "
-                                   "device=mixed)")
+                                   "uint8 file per image, JPEG files decoded by DALI (on the GPU with "
+                                   "device=mixed), or files: the PNG tree --data points at, as it is")

@@ -9,6 +9,7 @@ second by its distribution (DALI's draws cannot be replayed outside it).
 Imports DALI at the top: reach it through cifar10_loader, which checks DALI first.
 """
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
@@ -25,63 +26,73 @@ READER = "Reader"
 
 
 class CifarPipeline(Pipeline):
-    """This rank's shard of one split as (CHW float images, labels).
+    """The lab's Problem 6: shard `shard_id` of `num_shards` of one split as (CHW float images,
+    labels), read from the class folders under `data_dir` by fn.readers.file and decoded on
+    GPU `device_id` ("mixed"; on the CPU when device_id is None).
 
-    `source` is where the pixels come from:
-      - "memory": the uint8 NHWC array in this process (`images`), fed batch by batch
-        through external_source (a BatchFeed);
-      - "raw" / "jpeg": one file per image (`images` holds the paths), read by DALI's
-        file reader; "jpeg" decodes, on the GPU ("mixed") when there is one.
-    `train` adds the torchvision augmentation (handler/data/augment.py crop_flip): a 32-pixel
-    crop of the image padded by 4 on every side, a horizontal flip with p=0.5, then cutout
-    after normalisation.
-    Otherwise the pipeline only normalises, deterministically. `epoch` enters every
-    seed, so one epoch's pass can be rebuilt exactly.
+    `is_train` adds the torchvision augmentation (handler/data/augment.py crop_flip): a 32-pixel
+    crop of the image padded by 4 on every side, a horizontal flip with p=0.5, then a
+    `cutout_length` cutout after normalisation. Otherwise the pipeline only normalises.
+    `num_workers` is DALI's thread count.
+
+    The harness's other inputs, instead of `data_dir` (docs/DALI.md, --dali-source):
+      - files, labels: this list of files; `decode` False when they hold raw uint8 pixels;
+      - memory: (uint8 NHWC images, labels, order) in this process, fed batch by batch
+        through external_source (a BatchFeed); `order` lists the samples of this pass.
+    `seed` seeds every random draw, so one epoch's pass can be rebuilt exactly; `drop_last`
+    drops a memory feed's partial last batch.
     """
 
-    def __init__(self, cfg, images, labels, order, *, source: str, train: bool, epoch: int = 0,
+    def __init__(self, data_dir, batch_size, is_train, cutout_length, device_id, shard_id, num_shards,
+                 num_workers, *, seed: int = 0, files=None, labels=None, memory=None, decode: bool = True,
                  drop_last: bool = False):
-        gpu = cfg.use_cuda
-        seed = int(np.random.SeedSequence([cfg.seed, cfg.rank, epoch]).generate_state(1)[0])
-        super().__init__(batch_size=cfg.local_batch, num_threads=max(1, cfg.workers),
-                         device_id=cfg.local_rank if gpu else None, seed=seed)
-        # `order` lists the split's samples for this pass; each rank takes its block of it.
-        self.reader_name = None if source == "memory" else READER
+        super().__init__(batch_size=batch_size, num_threads=max(1, num_workers), device_id=device_id, seed=seed)
+        gpu = device_id is not None
+        shard = Shard(shard_id, num_shards, batch_size, gpu)
+        self.reader_name = None if memory is not None else READER
         with self:
-            if source == "memory":
-                images, label = _from_memory(cfg, images, labels, order, train=train, seed=seed,
-                                             drop_last=drop_last)
+            if memory is not None:
+                images, label = _from_memory(shard, *memory, train=is_train, seed=seed, drop_last=drop_last)
             else:
-                images, label = _from_files(cfg, images[order], labels[order], decode=source == "jpeg",
-                                            train=train)
-            if train and cfg.cutout:
-                images = _cutout(images, cfg.cutout)
+                source = dict(file_root=data_dir) if files is None else \
+                    dict(files=[str(f) for f in files], labels=[int(y) for y in (labels if labels is not None else ())])
+                images, label = _from_files(shard, source, decode=decode, train=is_train)
+            if is_train and cutout_length:
+                images = _cutout(images, cutout_length)
             self.set_outputs(images, label.gpu() if gpu else label)
 
 
-def _from_memory(cfg, images, labels, order, *, train: bool, seed: int, drop_last: bool):
-    lo, hi = shard_bounds(len(order), cfg.rank, cfg.world_size)
-    feed = BatchFeed(images, labels, order[lo:hi], cfg.local_batch, train=train, seed=seed, drop_last=drop_last)
+@dataclass(frozen=True)
+class Shard:
+    """Which part of the split this pipeline reads, in what batches, and where."""
+    shard_id: int
+    num_shards: int
+    batch: int
+    gpu: bool
+
+
+def _from_memory(shard: Shard, images, labels, order, *, train: bool, seed: int, drop_last: bool):
+    lo, hi = shard_bounds(len(order), shard.shard_id, shard.num_shards)
+    feed = BatchFeed(images, labels, order[lo:hi], shard.batch, train=train, seed=seed, drop_last=drop_last)
     padded, label, pos_x, pos_y, mirror = fn.external_source(
         feed, num_outputs=5, batch=True, batch_info=True, layout=["HWC", "", "", "", ""])
-    padded = padded.gpu() if cfg.use_cuda else padded
+    padded = padded.gpu() if shard.gpu else padded
     # One fused op crops, flips and normalises: on 32x32 images per-sample operator
     # overhead, not arithmetic, is what costs.
     return _normalise(padded, crop=(SIZE, SIZE), crop_pos_x=pos_x, crop_pos_y=pos_y, mirror=mirror), label
 
 
-def _from_files(cfg, files, labels, *, decode: bool, train: bool):
+def _from_files(shard: Shard, source: dict, *, decode: bool, train: bool):
     # Each rank keeps its shard: DALI's shards may differ by one image, and a
     # rank's len() must not change from pass to pass.
     data, label = fn.readers.file(
-        files=[str(f) for f in files], labels=[int(y) for y in labels], name=READER,
-        shard_id=cfg.rank, num_shards=cfg.world_size, stick_to_shard=True,
+        **source, name=READER, shard_id=shard.shard_id, num_shards=shard.num_shards, stick_to_shard=True,
         random_shuffle=train, pad_last_batch=True)
     if decode:
-        images = fn.decoders.image(data, device="mixed" if cfg.use_cuda else "cpu", output_type=types.DALIImageType.RGB)
+        images = fn.decoders.image(data, device="mixed" if shard.gpu else "cpu", output_type=types.DALIImageType.RGB)
     else:
         images = fn.reshape(data, shape=[SIZE, SIZE, 3], layout="HWC")
-        images = images.gpu() if cfg.use_cuda else images
+        images = images.gpu() if shard.gpu else images
     return (_augment_read(images) if train else _normalise(images)), label
 
 
@@ -149,8 +160,9 @@ def shard_size(n: int, rank: int, world: int) -> int:
     return hi - lo
 
 
-class DALILoader:
-    """Yields (images float32 NCHW, labels int64 [B]) from the pipeline `make(epoch)` builds.
+class DALIWrapper:
+    """The lab's wrapper of the DALI iterator: yields (images float32 NCHW, labels int64 [B])
+    from the pipeline `make(epoch)` builds, has len() (batches per pass) and reset().
 
     `samples` is this rank's shard size; the reader pads the shard's last batch and
     the iterator trims the padding, so each sample is yielded once per pass. With
@@ -179,6 +191,10 @@ class DALILoader:
     def set_epoch(self, epoch: int) -> None:
         if self.reseed and (epoch != self.epoch or self.used):
             self._start(epoch)
+
+    def reset(self) -> None:
+        """Start the pass afresh (the lab calls it after each epoch; a finished pass resets itself)."""
+        self._start(self.epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields len(self) batches. Before the last it ends DALI's pass: a shard one image

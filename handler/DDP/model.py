@@ -1,8 +1,9 @@
-"""Wrapping a model for DDP: the only place the DDP modes touch the model."""
+"""The lab's Problem 4, wrapping a model for DDP: the only place the DDP modes touch the model."""
 import inspect
 from typing import Optional
 
 import torch
+import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel
 
 from .comm_hook import CommHook
@@ -21,8 +22,10 @@ def no_buffer_sync(ddp_class=DistributedDataParallel) -> dict:
     return {"broadcast_buffers": False}
 
 
-def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False, comm: Optional[CommHook] = None) -> DistributedDataParallel:
-    """`model` stays the plain module (checkpoints save it); DDP wraps it in place.
+def model_to_DDP(model: torch.nn.Module, *, sync_bn: bool = False, comm: Optional[CommHook] = None) -> DistributedDataParallel:
+    """Problem 4: wrap `model` in DistributedDataParallel on this rank's device (the GPU
+    initialize_group set; a model still on the CPU is moved there), so that backward all-reduces
+    the gradients. `model` stays the plain module (checkpoints save it); DDP wraps it in place.
 
     SyncBatchNorm conversion reuses the BatchNorm parameters and buffers, so an
     optimiser built on `model` keeps working.
@@ -40,6 +43,9 @@ def model_to_DDP(model: torch.nn.Module, sync_bn: bool = False, comm: Optional[C
     if sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_two_gpus[ddp --sync-bn]
     device = next(model.parameters()).device
+    if device.type == "cpu" and torch.cuda.is_available() and tdist.get_backend() == "nccl":
+        model = model.cuda()  # the lab's call may hand over a model still on the CPU
+        device = next(model.parameters()).device
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                   **comm.ddp_options(), **no_buffer_sync())
     return comm.register(ddp)

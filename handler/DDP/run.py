@@ -10,7 +10,7 @@ from ..data.dataset import data_lock, prepare_dataset
 from ..runtime.errors import one_line_errors
 from ..train.trainer import fit
 from . import flight_recorder, peers
-from .processes import destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, store_address
+from .utils import destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, store_address
 
 
 def worker(proc_id: int, cfg, strategy) -> None:
@@ -18,7 +18,7 @@ def worker(proc_id: int, cfg, strategy) -> None:
         if launched_by_torchrun():
             cfg = _torchrun_preparation(cfg)
         flight_recorder.enable(cfg.ckpt, use_cuda=cfg.use_cuda)  # before the group: torch reads the settings then
-        me = initialize_group(proc_id, cfg.host, cfg.port, world_size=cfg.world_size,
+        me = initialize_group(proc_id, cfg.host, cfg.port, cfg.world_size,
                               use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout, store_held=True)
         try:
             cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))

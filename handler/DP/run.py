@@ -11,6 +11,7 @@ from ..train.strategy import Strategy
 from ..train.build import autocast_for
 from ..train.trainer import fit
 from ..DDP.cifar10_loader import get_DDP_loader
+from ..data.loaders import lab_loaders
 from .balanced import LossInside, replica_cross_entropy
 from .options import DPOptions
 from .precision import AutocastInside
@@ -26,7 +27,7 @@ def run(cfg) -> None:
         notes.append(CPU_NOTE)
         rank0.say(cfg, f"dp: {CPU_NOTE}")
     # One replica of the DDP loader is a plain seeded shuffle; same data semantics as ddp.
-    fit(cfg, Strategy(wrap=partial(wrap, cfg), make_loaders=get_DDP_loader,
+    fit(cfg, Strategy(wrap=partial(wrap, cfg), make_loaders=partial(lab_loaders, get_DDP_loader),
                       criterion=replica_cross_entropy if DPOptions.of(cfg).dp_balanced else cross_entropy,
                       notes=tuple(notes)))
 

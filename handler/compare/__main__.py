@@ -3,6 +3,7 @@
     python -m handler.compare --modes dp,ddp --counts 1,2 -- --model resnet20 --epochs 2
     python -m handler.compare --cell ddp --cell "ddp:--amp bf16" --cell "nhwc=ddp:--channels-last"
     python -m handler.compare --modes ddp --hooks allreduce,bf16,powersgd --comm-bench reports/comm.json
+    python -m handler.compare --lab --gpus 1,2,4      the course kit's matrix, in its file layout
 
 Every variant (a mode from --modes, or [LABEL=]MODE[:ARGS] from --cell) runs at every
 count as its own scripts/launch.sh process (--hooks runs each ddp/ddp_dali variant once
@@ -18,6 +19,7 @@ the finished ones.
 """
 import argparse
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -35,9 +37,10 @@ from .plots import write_plots
 from .provenance import provenance
 from .report import pct, status, write_report
 from .results import build_rows, dataset_description, recipe
-from .runner import Outcome, run_cell, skipped
+from .runner import Layout, Outcome, run_cell, skipped
 
 PROG = "python -m handler.compare"
+LAB_MODES = ("dp", "ddp", "ddp_dali")  # the course kit's modes, in its order
 
 
 def parse_args(argv):
@@ -55,8 +58,14 @@ def parse_args(argv):
                    help=f"sweep --comm-hook ({','.join(option_choices('comm_hook'))}) over every ddp/ddp_dali variant")
     p.add_argument("--comm-bench", type=Path, metavar="JSON",
                    help="a `python -m bench.comm --json` result: adds step time against link rate per hook")
-    p.add_argument("--counts", help="comma-separated process/GPU counts (default: 1,2,4 capped at the "
-                                    "visible GPUs; 1,2 CPU processes without GPUs)")
+    p.add_argument("--counts", "--gpus", dest="counts",
+                   help="comma-separated process/GPU counts (default: 1,2,4 capped at the "
+                        "visible GPUs; 1,2 CPU processes without GPUs; --lab: 1,2)")
+    p.add_argument("--lab", action="store_true",
+                   help="the course kit's matrix: dp, ddp and ddp_dali at 1 and 2 GPUs (or --gpus), each run "
+                        "written as the kit does, nsight_logs/<mode>_<time>/gpu_<N>.nsys-rep and "
+                        "runs/<mode>_<time>/gpu_<N>/, on the kit's DATASET_DIR (dataset) when it exists; "
+                        "the summary goes to --out (docs/LAB.md)")
     p.add_argument("--out", type=Path, help="output folder (default: reports/compare-<timestamp>)")
     p.add_argument("--profile", choices=("auto", "1", "0"), default="auto",
                    help="run cells under nsys: auto (when nsys is on PATH), 1 (require it) or 0")
@@ -107,7 +116,7 @@ def one_line(row) -> str:
             f"data wait {pct(row.data_wait_share)}{speed}")
 
 
-def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list) -> None:
+def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list, layout: Layout = Layout()) -> None:
     """Run the cells in order, appending to outcomes (kept when Ctrl-C stops the matrix)."""
     bar = tqdm(cells, unit="cell", dynamic_ncols=True, file=sys.stdout, disable=None)  # no bar off a terminal
     for cell in bar:
@@ -116,7 +125,7 @@ def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list)
         try:
             outcome = skipped(cell, reason) if reason else run_cell(
                 cell, out, profile=profile, train_args=args.train_args, timeout_s=args.timeout,
-                gpu_metrics=args.gpu_metrics)
+                gpu_metrics=args.gpu_metrics, layout=layout)
         except KeyboardInterrupt:
             outcomes.append(Outcome(cell, "interrupted", error="stopped by Ctrl-C or SIGTERM"))
             raise
@@ -132,6 +141,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     gpus = cuda_status()[0]
+    if args.lab:
+        args.modes, args.counts = args.modes or ",".join(LAB_MODES), args.counts or "1,2"
     variants = build_variants(args.modes, args.cell, MODES)
     if args.hooks is not None:
         variants = sweep_hooks(variants, args.hooks, option_choices("comm_hook"))
@@ -151,8 +162,9 @@ def main(argv=None) -> int:
     prov = provenance(" ".join([PROG, *map(shlex.quote, argv)]))
     outcomes, interrupted = [], False
     signal.signal(signal.SIGTERM, _interrupt)
+    layout = Layout(time.strftime("%Y%m%d_%H%M%S"), os.environ.get("DATASET_DIR", "dataset")) if args.lab else Layout()
     try:
-        run_matrix(cells, out.resolve(), profile, args, gpus, outcomes)
+        run_matrix(cells, out.resolve(), profile, args, gpus, outcomes, layout)
     except KeyboardInterrupt:
         interrupted = True
     rows = build_rows(outcomes)

@@ -38,10 +38,29 @@ class Outcome:
     wall_s: float = 0.0
 
 
-def cell_environment(cell: Cell, folder: Path, profile: bool, gpu_metrics: bool = False) -> dict:
+@dataclass(frozen=True)
+class Layout:
+    """Where a cell's report, metrics and checkpoints go: its own folder of the comparison, or,
+    with a `stamp`, the course kit's layout: nsight_logs/<mode>_<stamp>/gpu_<N>.nsys-rep and
+    runs/<mode>_<stamp>/gpu_<N>/, reading the kit's data folders under `dataset`
+    (cifar10 for dp and ddp, cifar10_images for ddp_dali) when they exist."""
+    stamp: str = ""
+    dataset: str = "dataset"
+
+    def place(self, cell: Cell, folder: Path) -> dict:
+        if not self.stamp:
+            return {"NSIGHT_LOG_DIR": str(folder), "NSIGHT_FILE_NAME": cell.slug, "CKPT_DIR": str(folder / "ckpt")}
+        run = f"{cell.variant.label}_{self.stamp}"
+        data = Path(self.dataset) / ("cifar10_images" if cell.variant.mode == "ddp_dali" else "cifar10")
+        return {"NSIGHT_LOG_DIR": str(Path("nsight_logs") / run), "NSIGHT_FILE_NAME": f"gpu_{cell.count}",
+                "CKPT_DIR": str(Path("runs") / run / f"gpu_{cell.count}"),
+                **({"DATA_DIR": str(data)} if data.is_dir() else {})}
+
+
+def cell_environment(cell: Cell, folder: Path, profile: bool, gpu_metrics: bool = False, *,
+                     layout: Layout = Layout()) -> dict:
     return {"MODE": cell.variant.mode, "NUM_GPUS": str(cell.count), "PROFILE": "1" if profile else "0",
-            "GPU_METRICS": "1" if gpu_metrics else "0",
-            "NSIGHT_LOG_DIR": str(folder), "NSIGHT_FILE_NAME": cell.slug, "CKPT_DIR": str(folder / "ckpt"),
+            "GPU_METRICS": "1" if gpu_metrics else "0", **layout.place(cell, folder),
             "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
 
 
@@ -59,18 +78,19 @@ def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args, gpu_metr
 
 
 def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: float = 0,
-             gpu_metrics: bool = False) -> Outcome:
+             gpu_metrics: bool = False, layout: Layout = Layout()) -> Outcome:
     """Train one cell; any failure becomes the Outcome's status, never an exception
     (except Ctrl-C, which stops the cell and goes on up)."""
     folder = out / "cells" / cell.slug
     folder.mkdir(parents=True, exist_ok=True)
     outcome = Outcome(cell, "failed", folder=str(folder.relative_to(out)),
                       command=reproduce_line(cell, folder, profile, train_args, gpu_metrics))
+    env = cell_environment(cell, folder, profile, gpu_metrics, layout=layout)
     started = time.perf_counter()
     with open(folder / "stdout.log", "w") as stdout, open(folder / "stderr.log", "w") as stderr:
         # Its own session: a timeout or Ctrl-C can then stop the ranks and nsys too.
         proc = subprocess.Popen(cell_command(cell, train_args), cwd=os.getcwd(), stdout=stdout, stderr=stderr,
-                                env={**os.environ, **cell_environment(cell, folder, profile, gpu_metrics)},
+                                env={**os.environ, **env},
                                 start_new_session=True)
         try:
             outcome.exit_code = proc.wait(timeout=timeout_s or None)
@@ -81,8 +101,9 @@ def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: flo
             _stop(proc)
             raise
     outcome.wall_s = time.perf_counter() - started
-    outcome.metrics = _read_json(folder / f"{cell.slug}.metrics.json")
-    outcome.profile = _read_json(folder / f"{cell.slug}.summary.json") if profile else None
+    results = Path(env["NSIGHT_LOG_DIR"]) / env["NSIGHT_FILE_NAME"]
+    outcome.metrics = _read_json(results.with_name(results.name + ".metrics.json"))
+    outcome.profile = _read_json(results.with_name(results.name + ".summary.json")) if profile else None
     if outcome.exit_code == 0 and outcome.metrics and outcome.metrics.get("epochs"):
         outcome.status = "ok"
     elif not outcome.error:

@@ -4,12 +4,13 @@ import fcntl
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ..runtime import rank0
-from .cifar_files import CifarArrays, download_cifar, has_layout, read_cifar
+from .cifar_files import FOLDER, CifarArrays, download_cifar, has_layout, read_cifar
+from .cifar_images import SPLITS, has_image_tree, list_split, read_split, tree_classes
 from ..runtime.errors import UserError
 from .synthetic import write_synthetic
 
@@ -22,6 +23,29 @@ class Splits:
     valid: Arrays
     test: Arrays
     classes: List[str]
+    # The PNG tree's files behind train/valid/test, in the arrays' order (None: torchvision's folder).
+    files: Optional[Tuple[List[str], List[str], List[str]]] = None
+
+
+LAYOUTS = (f"torchvision's CIFAR-10 folder (DIR/{FOLDER}/data_batch_1..5, test_batch) or the PNG tree "
+           "(DIR/train/<class>/<n>.png, DIR/test/...)")
+
+
+DEFAULT_DATA = "./data"  # the repository's own data folder; any other --data is one the user named
+
+
+def named(data: str) -> bool:
+    """--data names a folder of the user's: nothing but an allowed download is written into it."""
+    return data != DEFAULT_DATA
+
+
+def neither_layout(root: str) -> UserError:
+    return UserError(f"{root} holds neither layout: point --data (DATA_DIR) at {LAYOUTS}")
+
+
+def has_cifar(root: str) -> bool:
+    """root holds CIFAR-10 in either layout."""
+    return has_layout(root) or has_image_tree(root)
 
 
 def prepare_dataset(cfg):
@@ -31,8 +55,10 @@ def prepare_dataset(cfg):
     """
     if cfg.dataset == "synthetic":
         return _synthetic(cfg, reason=None)
-    if has_layout(cfg.data):
+    if has_cifar(cfg.data):
         return dataclasses.replace(cfg, dataset="cifar10")
+    if named(cfg.data) and os.path.isdir(cfg.data) and os.listdir(cfg.data):
+        raise neither_layout(cfg.data)  # a folder the user named: never download or generate into it
     rank0.say(cfg, f"CIFAR-10 not found under {cfg.data}; downloading it (about 170 MB)...")
     try:
         download_cifar(cfg.data)
@@ -60,7 +86,8 @@ def data_lock(cfg):
 
 def _synthetic(cfg, reason):
     """`reason`: why --dataset auto fell back (None when synthetic was asked for); the metrics
-    record it as env.dataset_fallback (docs/METRICS.md)."""
+    record it as env.dataset_fallback (docs/METRICS.md). A fallback set goes to the cache when
+    --data names the user's folder (Config.dataset_dir)."""
     cfg = dataclasses.replace(cfg, dataset="synthetic", dataset_fallback=reason or "")
     if reason is not None:
         rank0.banner(cfg,
@@ -85,9 +112,37 @@ def split_indices(n_train: int, valid_size: int, seed: int):
 
 
 def load_splits(cfg) -> Splits:
-    data: CifarArrays = read_cifar(cfg.dataset_dir)
-    train_idx, valid_idx = split_indices(len(data.train_y), cfg.valid_size, cfg.seed)
-    return Splits(train=(data.train_x[train_idx], data.train_y[train_idx]),
-                  valid=(data.train_x[valid_idx], data.train_y[valid_idx]),
-                  test=(data.test_x, data.test_y),
-                  classes=data.classes)
+    return read_splits(cfg.dataset_dir, cfg.valid_size, cfg.seed)
+
+
+def read_splits(root: str, valid_size: int, seed: int, *, download: bool = False) -> Splits:
+    """CIFAR-10 under root, in either layout (`LAYOUTS`), as train/valid/test. The PNG tree's
+    own valid/ is the validation set when it holds images; otherwise valid_size images are
+    held out of train by `split_indices`. download: fetch CIFAR-10 into root when it holds
+    neither layout (torchvision's download=True)."""
+    if not has_cifar(root):
+        if not download:
+            raise neither_layout(root)
+        download_cifar(root)
+    if has_layout(root):
+        data: CifarArrays = read_cifar(root)
+        return _held_out(data.train_x, data.train_y, (data.test_x, data.test_y), data.classes, valid_size, seed)
+    classes = tree_classes(root)
+    train, valid, test = (list_split(os.path.join(root, s), classes) for s in SPLITS)
+    if len(train.files) < 2 or not test.files:
+        raise UserError(f"{root} holds {len(train.files)} training and {len(test.files)} test images; "
+                        "training needs at least 2 and testing 1")
+    if valid.files:
+        return Splits(train=read_split(train), valid=read_split(valid), test=read_split(test), classes=classes,
+                      files=(train.files, valid.files, test.files))
+    train_x, train_y = read_split(train)
+    splits = _held_out(train_x, train_y, read_split(test), classes, valid_size, seed)
+    train_idx, valid_idx = split_indices(len(train_y), valid_size, seed)
+    names = np.array(train.files)
+    return dataclasses.replace(splits, files=(list(names[train_idx]), list(names[valid_idx]), test.files))
+
+
+def _held_out(train_x, train_y, test: Arrays, classes, valid_size: int, seed: int) -> Splits:
+    train_idx, valid_idx = split_indices(len(train_y), valid_size, seed)
+    return Splits(train=(train_x[train_idx], train_y[train_idx]), valid=(train_x[valid_idx], train_y[valid_idx]),
+                  test=test, classes=classes)

@@ -89,6 +89,34 @@ class DeviceLoader:
             yield images, labels
 
 
+def group_place(rank: Optional[int], world_size: Optional[int], device: Optional[str]) -> Tuple[int, int, str]:
+    """(rank, world size, device) of this process: those given, else the process group's
+    (rank 0 of 1 without one) and this rank's GPU (torch.cuda.set_device's) or the CPU."""
+    import torch.distributed as tdist
+    grouped = tdist.is_available() and tdist.is_initialized()
+    if rank is None:
+        rank = tdist.get_rank() if grouped else 0
+    if world_size is None:
+        world_size = tdist.get_world_size() if grouped else 1
+    if device is None:
+        device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    return rank, world_size, device
+
+
+def lab_loaders(get_loader, cfg, splits, *, pass_cfg: bool = False) -> Loaders:
+    """A Strategy's make_loaders(cfg, splits) built on a loader with the lab's signature
+    (get_DDP_loader, get_DALI_loader): the run's per-process batches, options and placement,
+    passed as the lab's arguments and the harness's keyword extras (`pass_cfg`: the whole
+    config too, for get_DALI_loader's --dali-source and derived files)."""
+    extra = {"cfg": cfg} if pass_cfg else {}
+    test, train, valid = get_loader(cfg.local_batch, cfg.local_batch, root=cfg.dataset_dir,
+                                    valid_size=cfg.valid_size, valid_batch=cfg.local_batch, cutout=cfg.cutout,
+                                    num_workers=cfg.workers, download=False, random_seed=cfg.seed,
+                                    splits=splits, rank=cfg.rank, world_size=cfg.world_size, device=cfg.device,
+                                    **extra)
+    return Loaders(train, valid, test)
+
+
 def seed_worker(worker_id: int) -> None:
     """numpy in workers gets a per-worker seed derived from torch's, like torch itself."""
     np.random.seed(torch.initial_seed() % 2**32)

@@ -1,6 +1,6 @@
 """The training loop's view of the process group: no-ops when there is none.
 
-Process setup and teardown live in handler/DDP/processes.py; this module only holds the
+Process setup and teardown live in handler/DDP/utils.py; this module only holds the
 collectives the shared loop needs.
 """
 import os

@@ -19,7 +19,7 @@ PROFILER_ENV = ("NSYS_PROFILING_SESSION_ID", "NVTX_INJECTION64_PATH", "CUDA_INJE
 
 def profiler_attached() -> bool:
     """The one test for a profiler: it decides whether ranges are on and how ranks start
-    (handler/DDP/processes.py start_method)."""
+    (handler/DDP/utils.py start_method)."""
     return any(os.environ.get(name) for name in PROFILER_ENV)
 
 

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Type, TypeVar
 
+from ..data.cifar_images import cache_root
+from ..data.dataset import DEFAULT_DATA, named
 from ..runtime.errors import UserError, need
 from .capture import check_profile_epochs
 from .mode import Mode
@@ -29,6 +31,8 @@ class RunOptions(Options):
                                f"without GPUs, {CPU_DEFAULT_PROCS} CPU processes for DDP modes)")
     ckpt: str = option("./ckpt", help="checkpoint directory")
     save: str = option("ckpt", choices=("ckpt", "none"), help="save last.pt/best.pt every epoch, or nothing")
+    save_ckpt: bool = option(False, "--save_ckpt", help="the course kit's flag: saving is our default "
+                                                      "(--save ckpt), so it changes nothing; refused with --save none")
     resume: Optional[str] = option(None, nargs="?", const="", metavar="PATH",
                                    help="resume from PATH, or from CKPT/last.pt when no path is given")
     overwrite: bool = option(False, help="start afresh even though --ckpt holds an earlier run's last.pt, "
@@ -38,7 +42,7 @@ class RunOptions(Options):
                                     "some steps on purpose); other runs stop at the first one")
     seed: int = option(0)
     metrics: str = option("", help="metrics JSON path (default CKPT/metrics.json)")
-    host: str = option("127.0.0.1", help="rendezvous address for spawned runs")
+    host: str = option("127.0.0.1", "--host", "--ip", help="rendezvous address for spawned runs (--ip: the kit's name)")
     port: int = option(0, help="rendezvous port (default: a free one)")
     dist_timeout: float = option(120.0, help="seconds a rank waits for a missing peer before failing")
     progress: bool = option(True, "--no-progress", action="store_false",
@@ -48,7 +52,8 @@ class RunOptions(Options):
 @dataclass(frozen=True, kw_only=True)
 class DataOptions(Options):
     TITLE = "data"
-    data: str = option("./data", help="dataset root holding cifar-10-batches-py")
+    data: str = option(DEFAULT_DATA, help="dataset root: torchvision's folder (holding cifar-10-batches-py) or the "
+                                          "course kit's PNG tree (DATA/train/<class>/<n>.png; docs/LAB.md)")
     dataset: str = option("auto", choices=("auto", "cifar10", "synthetic"),
                           help="cifar10 (download if absent), synthetic, or auto: cifar10 if "
                                "present or downloadable, else synthetic")
@@ -70,7 +75,7 @@ class OptimOptions(Options):
                                   "(for time-boxed jobs; continue later with --resume)")
     lr: float = option(0.1, help="peak learning rate (SGD, cosine)")
     momentum: float = option(0.9)
-    weight_decay: float = option(5e-4)
+    weight_decay: float = option(5e-4, "--weight-decay", "--decay", help="SGD weight decay (--decay: the kit's name)")
     amp: str = option("off", choices=("off", "bf16", "fp16"),
                       help="mixed precision: bf16 autocast, or fp16 autocast with GradScaler (GPU)")
     channels_last: bool = option(False, help="NHWC memory format")
@@ -125,7 +130,8 @@ class Config(RunOptions, DataOptions, OptimOptions, ProfilingOptions):
         """Folder holding cifar-10-batches-py for this run's dataset choice."""
         if self.dataset == "synthetic":
             name = f"synthetic_{self.synthetic_train}x{self.synthetic_test}"
-            return os.path.join(self.data, name)
+            # A fallback nobody asked for never lands in a folder the user named.
+            return os.path.join(cache_root() if self.dataset_fallback and named(self.data) else self.data, name)
         return self.data
 
     def section(self, kind: Type[S]) -> S:
@@ -139,7 +145,7 @@ class Config(RunOptions, DataOptions, OptimOptions, ProfilingOptions):
     def as_dict(self) -> dict:
         """The flat option names the metrics' `config` has always had (docs/METRICS.md)."""
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("sections", "batch_split", "dataset_fallback")}
+               if f.name not in ("sections", "batch_split", "dataset_fallback", "save_ckpt")}
         return {**own, **flat(self.sections)}
 
 
@@ -233,6 +239,8 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
          "--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only; drop --sync-bn on CPU")
     refuse_other_modes_options(cfg, modes)
     check_profile_epochs(cfg.profile_epochs, cfg.epochs)
+    need(not (cfg.save_ckpt and cfg.save == "none"), "--save_ckpt saves checkpoints and --save none saves nothing: "
+                                                     "pass one of them")
     need(cfg.nan_patience >= 1, f"--nan-patience {cfg.nan_patience}: use 1 or more steps")
     need(not (cfg.overwrite and cfg.resume is not None),
          "--overwrite starts afresh and --resume continues: pass one of them")

@@ -7,6 +7,7 @@ import tempfile
 from .checkpoint import load_checkpoint
 from ..data.dataset import load_splits, prepare_dataset
 from ..runtime.errors import UserError
+from ..runtime.machine import check_machine
 
 
 def _writable_dir(path: str, flag: str) -> None:
@@ -55,6 +56,7 @@ def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
         _earlier_run(cfg, restarted)
     _writable_dir(os.path.dirname(os.path.abspath(cfg.metrics)), "--metrics")
     mode.preflight(cfg)
+    check_machine(cfg, mode.one_process)
     ckpt = None
     if cfg.resume is not None:
         from .build import check_compatible, resume_path
@@ -62,7 +64,7 @@ def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
     if not spawning:
         return cfg
     if not mode.one_process and cfg.port:
-        _check_port(cfg.host, cfg.port)  # early; the spawning process binds it later (DDP/processes.py held_store)
+        _check_port(cfg.host, cfg.port)  # early; the spawning process binds it later (DDP/utils.py held_store)
     cfg = prepare_dataset(cfg)
     splits = load_splits(cfg)  # reads every batch file: corrupt data fails here, named, before spawning
     if ckpt is not None:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from handler.DDP.run import _torchrun_preparation
-from handler.DDP.processes import run_process
+from handler.DDP.utils import run_process
 from handler.train.config import Config
 from tests.dist_workers import dies_when_stopped
 
@@ -25,7 +25,7 @@ def test_a_rank_killed_while_stopping_says_the_last_checkpoint_is_unchanged(tmp_
     before = signal.getsignal(signal.SIGTERM)
     threading.Thread(target=stop_once_every_rank_is_up, daemon=True).start()
     with pytest.raises(SystemExit) as stopped:
-        run_process(dies_when_stopped, (str(tmp_path),), nprocs=2, use_cuda=False)
+        run_process(dies_when_stopped, str(tmp_path), nprocs=2, use_cuda=False)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert "stopped by SIGTERM before rank " in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == before  # run_process gave the handler back

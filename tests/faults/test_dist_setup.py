@@ -1,4 +1,4 @@
-"""How the DDP-family modes size and time their process group (handler/DDP/processes.py,
+"""How the DDP-family modes size and time their process group (handler/DDP/utils.py,
 handler/DDP/peers.py, handler/train/config.py): torchrun's world, a node with fewer GPUs
 than local ranks, the NCCL timeout against the heartbeat's, the --sync-bn note."""
 import dataclasses
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from handler.DDP import peers
-from handler.DDP.processes import NCCL_MARGIN_S, group_timeout_s, initialize_group
+from handler.DDP.utils import NCCL_MARGIN_S, group_timeout_s, initialize_group
 from handler.runtime.errors import UserError
 from handler.train.config import Config
 from tests.conftest import ROOT, SLACK
@@ -109,7 +109,7 @@ def test_the_spawning_process_holds_the_rendezvous_port_until_the_ranks_are_done
     A port already held is one line naming it."""
     import socket
 
-    from handler.DDP.processes import held_store
+    from handler.DDP.utils import held_store
     with held_store("127.0.0.1", 0) as port:
         assert port > 0
         with socket.socket() as s, pytest.raises(OSError):

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from handler.DDP.processes import start_method
+from handler.DDP.utils import start_method
 from handler.runtime.nvtx import PROFILER_ENV
 from handler.train.checkpoint import load_checkpoint
 from tests.conftest import N_TEST, ROOT, SLACK, SMALL, error_lines, free_port, hung, read_metrics, run_cli
@@ -142,12 +142,12 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
 def test_a_rank_killed_by_a_signal_is_named_even_when_its_peer_exits_first(tmp_path):
     """The killed rank is the cause, whichever of the two ranks torch's join reports first
     (regression: a peer that exited 2 in the same instant hid it, and nothing named it)."""
-    from handler.DDP.processes import run_process
+    from handler.DDP.utils import run_process
     from handler.runtime.errors import UserError
     from tests.dist_workers import kill_peer_then_exit_2
     for _ in range(3):  # the order the two ends are seen in varies; every one must name rank 1
         with pytest.raises(UserError, match="rank 1 was killed by SIGKILL; the other ranks were stopped"):
-            run_process(kill_peer_then_exit_2, (str(tmp_path),), 2, use_cuda=False)
+            run_process(kill_peer_then_exit_2, str(tmp_path), 2, use_cuda=False)
         os.remove(tmp_path / "rank1.pid")
 
 

@@ -1,7 +1,7 @@
 """A rank stopped mid-epoch on NCCL is named by the heartbeat, not aborted by NCCL's watchdog.
 
 The CPU twin (tests/faults/test_faults.py) proves it on gloo. On NCCL the group's timeout
-is --dist-timeout + 30 s (handler/DDP/processes.py: group_timeout_s), so the heartbeat's limit
+is --dist-timeout + 30 s (handler/DDP/utils.py: group_timeout_s), so the heartbeat's limit
 (a third of --dist-timeout) comes first and NCCL's watchdog never tears rank 0 down with
 SIGABRT before it says which peer went silent. `gpus(2)`: skipped below 2 GPUs.
 """

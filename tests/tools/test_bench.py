@@ -72,7 +72,7 @@ def ddp_scaling_rank_then_threads(proc_id, world, port, out_dir):
     """One rank of bench.ddp_scaling's 2-rank DDP measurement, then the threads its process
     still runs once the rank has returned, as mp.spawn's exit would find them."""
     from bench import ddp_scaling
-    ddp_scaling.worker(proc_id, world, 1, True, port, ddp_scaling.QUICK, os.path.join(out_dir, "rates.json"))
+    ddp_scaling.worker(proc_id, (world, 1, True, port, ddp_scaling.QUICK, os.path.join(out_dir, "rates.json")))
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
     with open(os.path.join(out_dir, f"threads{proc_id}.json"), "w") as f:
         json.dump(names, f)
@@ -83,7 +83,7 @@ def test_ddp_scaling_ranks_end_their_process_group_before_the_interpreter_exits(
     """The SIGABRT at exit ("terminate called without an active exception", rank 0): DDP's set-up
     imported torch.distributed.nn, whose group.WORLD default arguments kept the group, and with
     it gloo's threads and rank 0's store server, alive past destroy_process_group into exit."""
-    from handler.DDP.processes import held_store  # the store the bench's own launcher holds for its ranks
+    from handler.DDP.utils import held_store  # the store the bench's own launcher holds for its ranks
     with held_store("127.0.0.1", 0) as port:
         spawn_within_budget(ddp_scaling_rank_then_threads, (2, port, str(tmp_path)), 2,
                             budget=20, name="bench.ddp_scaling.worker")  # s, measured (45-60 s at load 10)

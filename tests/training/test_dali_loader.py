@@ -15,6 +15,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip ins
 
 from handler.data.augment import MEAN, PAD, STD, crop_flip, eval_transform  # noqa: E402
 from handler.train.config import Config  # noqa: E402
+from handler.data.loaders import lab_loaders  # noqa: E402
 from handler.data.dataset import Splits  # noqa: E402
 from handler.runtime.devices import cuda_status  # noqa: E402
 from handler.runtime.errors import UserError  # noqa: E402
@@ -36,7 +37,7 @@ def config(tmp_path, world=1, rank=0, local_batch=8, cutout=0, use_cuda=False):
 
 def dali_loader(cfg, data, source):
     """The loaders for one --dali-source: the source is the config's option, its one way in."""
-    return get_DALI_loader(cfg.with_section(DaliOptions(dali_source=source)), data)
+    return lab_loaders(get_DALI_loader, cfg.with_section(DaliOptions(dali_source=source)), data, pass_cfg=True)
 
 
 def identity_images(n):
@@ -218,12 +219,13 @@ def test_memory_source_crops_and_flips_as_the_reference_does_for_the_same_draws(
     """Exact: BatchFeed draws each image's window and flip; DALI's crop_mirror_normalize must
     cut the window crop_flip cuts for those draws."""
     from types import SimpleNamespace
-    from handler.DALI.pipeline import BatchFeed, CifarPipeline, DALILoader
+    from handler.DALI.pipeline import BatchFeed, CifarPipeline, DALIWrapper
     images, labels = noise_images(48)
     cfg, order = config(tmp_path, local_batch=16), np.random.default_rng(1).permutation(48)
     pipes = []
-    loader = DALILoader(lambda epoch: pipes.append(CifarPipeline(cfg, images, labels, order, source="memory", train=True))
-                        or pipes[-1], samples=48, batch=16)
+    loader = DALIWrapper(lambda epoch: pipes.append(CifarPipeline(None, 16, True, 0, None, 0, 1, 1, seed=5,
+                                                                  memory=(images, labels, order))) or pipes[-1],
+                         samples=48, batch=16)
     feed = BatchFeed(images, labels, order, 16, train=True, seed=pipes[0].seed)
     for i, (out, y) in enumerate(loader):
         _, fed, pos_x, pos_y, mirror = feed(SimpleNamespace(iteration=i))
@@ -327,22 +329,24 @@ def test_derived_files_are_reused_and_rebuilt_when_a_pixel_changes(tmp_path):
 
 
 def test_a_failed_build_leaves_no_cache_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     def fail(path, image):
         raise OSError("disk full")
     monkeypatch.setattr(derived, "_write_raw", fail)
     with pytest.raises(OSError):
         derived.derived_files(config(tmp_path), identity_images(5)[0], "raw")
-    assert os.listdir(tmp_path / derived.CACHE) == []
+    assert os.listdir(tmp_path / "cache" / "cifar-harness" / derived.CACHE) == []
+    assert sorted(os.listdir(tmp_path)) == ["cache"], "a derived file went into the data folder"
 
 
 def test_unknown_source_and_missing_dali_are_one_line_user_errors(monkeypatch):
-    with pytest.raises(UserError, match="memory, raw, jpeg"):
+    with pytest.raises(UserError, match="memory, raw, jpeg, files"):
         resolve_source("png")
     monkeypatch.setitem(__import__("sys").modules, "nvidia.dali", None)
     with pytest.raises(UserError, match="pip install nvidia-dali"):
         require_dali()
     with pytest.raises(UserError, match="--mode ddp_dali needs NVIDIA DALI"):
-        get_DALI_loader(Config(), splits(identity_images(10)))
+        get_DALI_loader(8, 8, splits=splits(identity_images(10)))
 
 
 @pytest.mark.gpu

@@ -107,10 +107,13 @@ def test_valid_size_not_below_train_size_is_a_clear_error():
 def test_auto_falls_back_to_synthetic_loudly_and_never_writes_into_the_real_folder(tmp_path, monkeypatch, capsys):
     import handler.data.cifar_files as files
     monkeypatch.setattr(files, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")  # nothing listens
-    cfg = prepare_dataset(Config(data=str(tmp_path), dataset="auto", synthetic_train=50, synthetic_test=10))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    cfg = prepare_dataset(Config(data=str(data), dataset="auto", synthetic_train=50, synthetic_test=10))
     assert cfg.dataset == "synthetic"
     assert "SYNTHETIC" in capsys.readouterr().err
-    assert not (tmp_path / FOLDER).exists()
+    assert not (data / FOLDER).exists()
+    assert cfg.dataset_dir.startswith(str(tmp_path / "cache")), "the fallback set went into the named folder"
     assert read_cifar(cfg.dataset_dir).train_x.shape[0] == 50
 
 

@@ -8,6 +8,7 @@ from handler.train.config import Config
 from handler.data.dataset import Splits
 from handler.data.loaders import ShardSampler
 from handler.DDP.cifar10_loader import get_DDP_loader
+from handler.data.loaders import lab_loaders
 from tests.conftest import free_port, spawn_within_budget
 from tests.dist_workers import TinyNet, all_workers, fixed_batches, train_steps
 
@@ -84,7 +85,7 @@ def test_train_shards_cover_the_training_set_each_epoch_with_equal_batch_counts(
         seen, counts = [], set()
         for rank in range(world):
             cfg = Config(mode="ddp", batch_size=8 * world, world_size=world, rank=rank, workers=0)
-            loader = get_DDP_loader(cfg, splits).train
+            loader = lab_loaders(get_DDP_loader, cfg, splits).train
             loader.set_epoch(epoch)
             seen.extend(loader.loader.sampler)
             counts.add(len(loader))
@@ -95,7 +96,7 @@ def test_train_shards_cover_the_training_set_each_epoch_with_equal_batch_counts(
 
 def test_train_order_changes_between_epochs():
     cfg = Config(mode="ddp", batch_size=16, world_size=2, rank=0, workers=0)
-    loader = get_DDP_loader(cfg, splits_of(200, 10)).train
+    loader = lab_loaders(get_DDP_loader, cfg, splits_of(200, 10)).train
     loader.set_epoch(0)
     first = list(loader.loader.sampler)
     loader.set_epoch(1)
@@ -108,7 +109,7 @@ def test_evaluation_counts_every_test_image_exactly_once(world):
     labels = []
     for rank in range(world):
         cfg = Config(mode="ddp", batch_size=32 * world, world_size=world, rank=rank, workers=0)
-        for _, y in get_DDP_loader(cfg, splits_of(10, n)).test:
+        for _, y in lab_loaders(get_DDP_loader, cfg, splits_of(10, n)).test:
             labels.append(y)
     total = torch.cat(labels)
     assert len(total) == n

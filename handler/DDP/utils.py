@@ -1,5 +1,10 @@
-"""The rank processes' life for the DDP-family modes (ddp, ddp_dali, fsdp, pp): start them,
-join them into one process group, and take the group down. The one place that knows how.
+"""The lab's Problems 1-3, and the rank processes' life for every DDP-family mode (ddp,
+ddp_dali, fsdp, pp): `run_process` starts them, `initialize_group` joins them into one process
+group, `destroy_process` takes the group down. The one place that knows how.
+
+Called the lab's way they do what the lab means (the course kit's main_func(proc_id, args) in
+args.num_gpu processes; tests/lab/test_lab_kit.py drives them so); the harness adds its
+extras (a held store, timeouts, CPU ranks over gloo) as keyword arguments.
 
 Single node: `run_process` starts one process per device (see `start_method`) around the
 rendezvous store that `held_store` keeps in the spawning process. Under torchrun (RANK,
@@ -16,7 +21,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Iterator, List, Tuple, cast
+from typing import Iterator, List, Optional, Tuple, cast
 
 import torch
 import torch.distributed as tdist
@@ -31,6 +36,7 @@ from ..runtime import dist
 from ..runtime.dist import launched_by_torchrun
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError
+from ..runtime.machine import START_BOUND_S, slow_start_warning
 from ..runtime.nvtx import profiler_attached
 from .peers import silent_after
 
@@ -63,17 +69,23 @@ def start_method(use_cuda: bool) -> str:
     return "spawn" if use_cuda or profiler_attached() else "forkserver"
 
 
-def run_process(func, args: tuple, nprocs: int, *, use_cuda: bool) -> None:
-    """Run func(proc_id, *args) in nprocs fresh processes and wait for them.
+def run_process(func, args, nprocs: Optional[int] = None, *, use_cuda: Optional[bool] = None) -> None:
+    """Problem 1: run func(proc_id, args) in args.num_gpu fresh processes (proc_id 0..N-1), as
+    torch.multiprocessing.spawn does, and wait for them.
 
+    nprocs: a count other than args.num_gpu (the harness passes its world size).
+    use_cuda: whether the ranks will use GPUs (default: whether CUDA sees one); it picks how
+    they start (`start_method`).
     The first SIGINT/SIGTERM is passed on to the ranks, which stop together at a step
     boundary and save; a second one kills them. When one rank dies the others are
     stopped within seconds and the dead rank is named.
     """
+    nprocs = args.num_gpu if nprocs is None else nprocs
+    use_cuda = cuda_status()[0] > 0 if use_cuda is None else use_cuda
     method = start_method(use_cuda)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
-    ctx = start_processes(func, args=args, nprocs=nprocs, join=False, start_method=method)
+    ctx = start_processes(func, args=(args,), nprocs=nprocs, join=False, start_method=method)
     assert ctx is not None, "join=False returns the processes' context"
     processes = cast(List[BaseProcess], ctx.processes)  # torch fills a list made as [None] * n
     signals_seen = []
@@ -154,14 +166,19 @@ def held_store(host: str, port: int) -> Iterator[int]:
         del store
 
 
-def initialize_group(proc_id: int, host: str, port: int, world_size: int, *,
-                     use_cuda: bool, timeout_s: float, store_held: bool = False) -> Rank:
-    """Pick this process's device, join the process group, and wait for every peer.
+def initialize_group(proc_id: int, host: str, port, num_gpu: int, *, use_cuda: Optional[bool] = None,
+                     timeout_s: float = 120.0, store_held: bool = False, start_bound_s: float = START_BOUND_S) -> Rank:
+    """Problem 2: make process `proc_id` rank proc_id of a num_gpu-process group that meets at
+    tcp://host:port, on GPU proc_id (torch.cuda.set_device), and wait for every peer.
 
-    proc_id and world_size place a spawned rank (one per device of this machine); under
-    torchrun its environment places it and both are ignored.
+    use_cuda: False puts the ranks on CPU over gloo (default: whether CUDA sees a GPU).
+    timeout_s: how long a collective waits for a missing peer.
     store_held: the spawning process hosts the store at host:port (`held_store`), so every
-    rank joins it as a client; otherwise rank 0 creates it (tcp:// rendezvous)."""
+    rank joins it as a client; otherwise rank 0 creates it (tcp:// rendezvous, the lab's way).
+    start_bound_s: a group not formed by then gets a warning naming NCCL_P2P_DISABLE=1.
+    Under torchrun its environment places the rank, and proc_id and num_gpu are ignored."""
+    use_cuda = cuda_status()[0] > 0 if use_cuda is None else use_cuda
+    port, world_size = int(port), num_gpu
     cuda_status()  # probe CUDA once, quietly: the group's barrier asks again
     if launched_by_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -184,15 +201,16 @@ def initialize_group(proc_id: int, host: str, port: int, world_size: int, *,
     dist.set_timeout(datetime.timedelta(seconds=timeout_s))
     timeout = datetime.timedelta(seconds=group_timeout_s(backend, timeout_s))
     device_id = torch.device(device) if use_cuda else None
-    if store_held and not launched_by_torchrun():
-        # The keys under the same prefix as a tcp:// rendezvous would use.
-        client = tdist.TCPStore(host, port, world, is_master=False, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
-        tdist.init_process_group(backend, store=tdist.PrefixStore("default_pg", client), rank=rank,  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
-                                 world_size=world, timeout=timeout, device_id=device_id)
-    else:
-        tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                                 timeout=timeout, device_id=device_id)
-    tdist.barrier()
+    with slow_start_warning(start_bound_s):
+        if store_held and not launched_by_torchrun():
+            # The keys under the same prefix as a tcp:// rendezvous would use.
+            client = tdist.TCPStore(host, port, world, is_master=False, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
+            tdist.init_process_group(backend, store=tdist.PrefixStore("default_pg", client), rank=rank,  # pyright: ignore[reportPrivateImportUsage]  # as in held_store
+                                     world_size=world, timeout=timeout, device_id=device_id)
+        else:
+            tdist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                     timeout=timeout, device_id=device_id)
+        tdist.barrier()
     return Rank(rank=rank, local_rank=local_rank, world_size=world, device=device, backend=backend)
 
 
@@ -226,7 +244,7 @@ def elastic_restart_count() -> int:
 
 
 def destroy_process() -> None:
-    """Leave the process group, after forgetting what handler/runtime/dist.py keeps about it;
+    """Problem 3: leave the process group (destroy_process_group), after forgetting what handler/runtime/dist.py keeps about it;
     safe when none was joined."""
     dist.forget_groups()
     if tdist.is_initialized():

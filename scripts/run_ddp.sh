@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# The course kit's run flow for --mode ddp: runs on 1 and 2 GPUs (scripts/lab_runs.sh; docs/LAB.md).
+exec bash "$(dirname "${BASH_SOURCE[0]}")/lab_runs.sh" ddp

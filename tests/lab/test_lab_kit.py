@@ -1,0 +1,114 @@
+"""The lab's functions driven the way the course kit's train_cifar.py drives them: an `args`
+namespace, run_process(main_func, args), and in every process initialize_group, the mode's
+get_*_loader(root=...), model_to_DDP, one plain epoch and destroy_process in `finally`.
+Two CPU ranks over gloo; the data is written in the kit's two layouts."""
+import argparse
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from handler.data.augment import MEAN, STD
+from handler.data.cifar_files import write_cifar
+from handler.data.synthetic import CLASSES
+from handler.DDP.model import model_to_DDP
+from handler.DDP.utils import destroy_process, initialize_group, run_process
+from tests.conftest import free_port
+
+N_TRAIN, N_TEST, TRAIN_BATCH = 40, 10, 4
+
+
+def identity_images(first: int, n: int):
+    """Flat images whose colour encodes their index (R, G) and label (B): every crop and flip
+    keeps the centre pixel, so a batch tells which images it holds."""
+    ids = np.arange(first, first + n)
+    labels = ids % 10
+    colours = np.stack([ids % 256, ids // 256, labels * 20], axis=1).astype(np.uint8)
+    return np.broadcast_to(colours[:, None, None, :], (n, 32, 32, 3)).copy(), labels.astype(np.int64)
+
+
+def write_layouts(root) -> dict:
+    """The kit's scripts/init.sh folders: dataset/cifar10 (torchvision's) and
+    dataset/cifar10_images/{train,valid,test}/<class name>/<n>.png (valid left empty, as the kit does)."""
+    from PIL import Image
+    train, test = identity_images(0, N_TRAIN), identity_images(N_TRAIN, N_TEST)
+    write_cifar(str(root / "cifar10"), *train, *test, CLASSES)
+    for split, (images, labels), first in (("train", train, 0), ("test", test, N_TRAIN)):
+        for i, (image, label) in enumerate(zip(images, labels)):
+            folder = root / "cifar10_images" / split / CLASSES[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(folder / f"{first + i}.png")
+    (root / "cifar10_images" / "valid").mkdir()
+    return {"ddp": str(root / "cifar10"), "ddp_dali": str(root / "cifar10_images")}
+
+
+def decoded_ids(images: torch.Tensor) -> list:
+    """The index each normalised image encodes, read from its centre pixel."""
+    centre = images[:, :, 16, 16].float().cpu() * torch.tensor(STD) * 255 + torch.tensor(MEAN) * 255
+    rgb = centre.round().long()
+    return (rgb[:, 0] + 256 * rgb[:, 1]).tolist()
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)  # the same weights in every rank, and in the test's single process
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 10))
+
+
+def main_func(proc_id, args):
+    """The kit's main_func, written the lab's way."""
+    initialize_group(proc_id, args.ip, args.port, args.num_gpu)
+    try:
+        if args.mode == "ddp_dali":
+            from handler.DALI.cifar10_loader import get_DALI_loader as get_loader
+        else:
+            from handler.DDP.cifar10_loader import get_DDP_loader as get_loader
+        test_loader, train_loader, valid_loader = get_loader(root=args.data, test_batch=5, train_batch=TRAIN_BATCH,
+                                                             cutout=0, num_workers=1, download=False)
+        model = model_to_DDP(tiny_model())
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        seen, steps, first = [], 0, {}
+        for images, labels in train_loader:
+            ids = decoded_ids(images)
+            assert [i % 10 for i in ids] == labels.tolist(), "labels do not follow the images"
+            seen += ids
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(images), labels).backward()
+            if steps == 0:
+                first = {"images": images.tolist(), "labels": labels.tolist(),
+                         "grads": [p.grad.tolist() for p in model.parameters()]}
+            optimizer.step()
+            steps += 1
+        tested = [i for images, _ in test_loader for i in decoded_ids(images)]
+        record = {"seen": seen, "steps": steps, "len": len(train_loader), "tested": tested,
+                  "valid": valid_loader is None, "first": first}
+        with open(os.path.join(args.ckpt, f"rank{proc_id}.json"), "w") as f:
+            json.dump(record, f)
+    finally:
+        destroy_process()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "ddp_dali"])
+def test_the_kits_train_cifar_flow_covers_every_image_once_and_averages_gradients(tmp_path, mode):
+    if mode == "ddp_dali":
+        pytest.importorskip("nvidia.dali")
+    data = write_layouts(tmp_path)
+    args = argparse.Namespace(num_gpu=2, ip="127.0.0.1", port=free_port(), data=data[mode],
+                              ckpt=str(tmp_path), mode=mode, lr=0.1)
+    run_process(main_func, args)
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == list(range(N_TRAIN)), "not every image exactly once"
+    assert sorted(ranks[0]["tested"] + ranks[1]["tested"]) == list(range(N_TRAIN, N_TRAIN + N_TEST))
+    for rank in ranks:
+        assert rank["len"] == rank["steps"] == N_TRAIN // 2 // TRAIN_BATCH
+        assert rank["valid"], "valid_size=0 gives no validation loader"
+    # DDP's averaged gradient equals one process's on the same global batch.
+    model = tiny_model()
+    images = torch.tensor(ranks[0]["first"]["images"] + ranks[1]["first"]["images"])
+    labels = torch.tensor(ranks[0]["first"]["labels"] + ranks[1]["first"]["labels"])
+    nn.functional.cross_entropy(model(images), labels).backward()
+    for param, ddp_grad in zip(model.parameters(), ranks[0]["first"]["grads"]):
+        torch.testing.assert_close(torch.tensor(ddp_grad), param.grad, atol=1e-5, rtol=1e-4)
