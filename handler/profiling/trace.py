@@ -74,10 +74,9 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
     convention = convention or detect(text for _, _, text, _ in events if text)
     processes, source = _processes(events) if convention is OURS else _other_processes(events, convention, gpu)
     if not processes:
-        raise UserError(f"{path} has no epochs or steps named in a convention the report knows (ours: "
-                        "'epoch N' > 'batch N'; the lab kit's: 'Epoch N' > 'Batch N'; torch.profiler's: "
-                        "'ProfilerStep#N'); name yours with --ranges epoch='Epoch *' step='Batch *' "
-                        "(docs/PROFILING.md, \"Naming conventions\")")
+        raise UserError(f"{path} has no 'epoch N' NVTX ranges or 'rank N' marks, nor epochs or steps named as "
+                        "the lab kit ('Epoch N' > 'Batch N') or torch.profiler ('ProfilerStep#N') name them; "
+                        "name yours with --ranges epoch='Epoch *' step='Batch *' (docs/PROFILING.md)")
     return Trace(processes, source, gpu, metrics, names, devices, (convention or OURS).name, copies, peaks)
 
 
