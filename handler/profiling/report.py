@@ -93,13 +93,13 @@ def capture_window(ranks: list[dict], metrics: dict | None) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    reports = reports_of(args.report)
-    out_dir = args.out or reports[0].parent
-    metrics = load_metrics(args.metrics) if args.metrics else None
     convention = from_mapping(args.ranges) if args.ranges else None
     if args.lab or any(is_kit_layout(p) for p in args.report):
         print(write_lab(lab_reports(args.report), args.out or _folder(args.report[0]), convention), flush=True)
         return
+    reports = reports_of(args.report)
+    out_dir = args.out or reports[0].parent
+    metrics = load_metrics(args.metrics) if args.metrics else None
     if len(reports) == 1:
         analysis = summarize(load_trace(sqlite_export(reports[0], out_dir), convention), metrics)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
