@@ -21,7 +21,7 @@ from .analysis import summarize
 from .merge import markdown_lines as merge_lines
 from .merge import merge
 from .conventions import from_mapping
-from .lab import is_kit_layout, lab_reports, write_lab
+from .lab.page import is_kit_layout, lab_reports, write_lab
 from .nsys import REPORT_SUFFIXES, nsys_version, open_with, recorded_version, sqlite_export
 from .render import markdown, one_line
 from .trace import load_trace

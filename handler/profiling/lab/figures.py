@@ -10,7 +10,7 @@ from pathlib import Path
 
 from handler.runtime.names import BATCH, PHASES, RANK
 
-from .trace import Trace
+from ..trace import Trace
 
 SERIES = ("sm_active_pct", "pcie_tx_pct", "pcie_rx_pct", "pcie_tx_mbps", "pcie_rx_mbps", "dram_read_pct",
           "dram_write_pct", "dram_bw_pct")

@@ -16,7 +16,7 @@ from handler.profiling.conventions import KIT, TORCH_PROFILER, from_mapping
 from handler.profiling.trace import load_trace
 from handler.runtime.errors import UserError
 from tests.nsys_helpers import REAL_EXPORTS, REPO, profile, require_nsys
-from tests.profiling.kit_exports import INSIDE, SETUP, with_kit_ranges
+from tests.profiling.lab.kit_exports import INSIDE, SETUP, with_kit_ranges
 from tests.profiling.test_profile_report import fake_export, run_report
 
 MS = 1_000_000
@@ -162,7 +162,7 @@ def test_the_lab_page_over_a_kit_layout_folder_of_three_modes_and_two_counts(tmp
 def test_the_bound_takes_the_larger_of_the_step_range_and_the_gpu_busy_time():
     """The TAs' DDP 1-GPU numbers: a 333 ms step, 34 ms inside the step range, the GPU busy 97 ms
     a step, 98 steps: loader-bound, at least 98 x 97 ms = 9.5 s."""
-    from handler.profiling.lab import verdict
+    from handler.profiling.lab.page import verdict
     steps = 98
     summary = {"ranks": [{"loop": {"epochs_s": 32.6, "steps": steps, "step_mean_ms": 333.0, "inside_steps_ms": 34.0,
                                    "between_steps_ms": 299.0}}],

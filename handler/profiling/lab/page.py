@@ -13,10 +13,10 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError
 
-from .analysis import summarize
+from ..analysis import summarize
 from .figures import draw
-from .nsys import REPORT_SUFFIXES, sqlite_export
-from .trace import load_trace
+from ..nsys import REPORT_SUFFIXES, sqlite_export
+from ..trace import load_trace
 
 KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
 KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
