@@ -84,6 +84,25 @@ def verdict(summary: dict) -> dict:
                     f"({steps} steps x {per_step:.1f} ms)"}
 
 
+def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | None:
+    """The lab page of a comparison (handler.compare): (label, process count, report) per profiled
+    cell that finished; the report's .sqlite export stands in where only it is left. A cell
+    whose report cannot be read leaves the page unwritten, and says why in one line."""
+    entries = []
+    for label, count, report in cells:
+        found = report if report.is_file() else report.with_suffix(".sqlite")
+        if found.is_file():
+            entries.append({"report": found, "mode": label, "gpus": count})
+    if not entries:
+        return None
+    try:
+        write_lab(entries, out)
+    except UserError as err:
+        print(f"compare: no lab page: {err}", flush=True)
+        return None
+    return out / "lab.md"
+
+
 def write_lab(entries: list[dict], out: Path, convention=None) -> str:
     """Writes out/lab.md, out/lab.json and the figures; returns the page."""
     out.mkdir(parents=True, exist_ok=True)

@@ -251,3 +251,22 @@ def test_the_report_module_help_runs():
     result = subprocess.run([sys.executable, "-m", "handler.profiling.report", "--help"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "--ranges" in result.stdout and "--lab" in result.stdout
+
+
+def test_a_comparisons_profiled_cells_get_the_lab_page(tmp_path, kit_export):
+    """handler.compare hands its cells (label, count, report) to the page writer; only the
+    .sqlite export of a cell is left here, and a cell without any report is left out."""
+    from handler.profiling.lab.page import write_cells_lab
+    path, _ = kit_export
+    cells = []
+    for label, count in (("ddp", 1), ("ddp", 2), ("fast", 2)):
+        folder = tmp_path / "cells" / f"{label}-n{count}"
+        folder.mkdir(parents=True)
+        (folder / f"{label}-n{count}.sqlite").write_bytes(path.read_bytes())
+        cells.append((label, count, folder / f"{label}-n{count}.nsys-rep"))
+    cells.append(("gone", 4, tmp_path / "cells" / "gone-n4" / "gone-n4.nsys-rep"))
+    page = write_cells_lab(cells, tmp_path / "lab")
+    assert page == tmp_path / "lab" / "lab.md" and page.is_file()
+    lab = json.loads((tmp_path / "lab" / "lab.json").read_text())
+    assert [(r["mode"], r["gpus"]) for r in lab["reports"]] == [("ddp", 1), ("ddp", 2), ("fast", 2)]
+    assert write_cells_lab(cells[-1:], tmp_path / "none") is None
