@@ -147,7 +147,7 @@ def _section(title: str, note: str | None, header: list[str], rows: list[list[st
 def _epoch_table(ranks: list[dict]) -> tuple[list[str], list[list[str]]]:
     times = [{e["epoch"]: e["time_s"] for e in r["epochs"]} for r in ranks]
     epochs = sorted(set().union(*times))
-    return (["epoch", *(f"rank {who(r)}" for r in ranks)],
+    return (["epoch, from 0 (the console's N+1)", *(f"rank {who(r)}" for r in ranks)],
             [[str(e), *(num(t.get(e)) for t in times)] for e in epochs])
 
 

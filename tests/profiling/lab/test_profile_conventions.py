@@ -270,3 +270,14 @@ def test_a_comparisons_profiled_cells_get_the_lab_page(tmp_path, kit_export):
     lab = json.loads((tmp_path / "lab" / "lab.json").read_text())
     assert [(r["mode"], r["gpus"]) for r in lab["reports"]] == [("ddp", 1), ("ddp", 2), ("fast", 2)]
     assert write_cells_lab(cells[-1:], tmp_path / "none") is None
+
+
+def test_the_consoles_epoch_line_names_the_nvtx_range_the_profile_holds(capsys):
+    """The console counts from 1, NVTX and the report from 0: each epoch line names its range."""
+    from types import SimpleNamespace
+
+    from handler.train.trainer import _report_epoch
+    record = {"epoch": 0, "train_loss": 1.0, "train_acc": 0.5, "val_acc": None, "time_s": 2.0, "images_per_s": 10.0,
+              "data_wait_s": 0.5}
+    _report_epoch(SimpleNamespace(is_main=True, epochs=2), record)
+    assert capsys.readouterr().out.startswith("epoch 1/2 [nvtx: epoch 0]  loss 1.0000")
