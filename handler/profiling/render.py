@@ -64,8 +64,10 @@ def markdown(summary: dict, title: str) -> str:
              f"`{one_line(summary)}`", ""]
     window = summary.get("capture_window") or {}
     outside = ", ".join(f"{o['epoch']}: {num(o['metrics_s'])} s" for o in window.get("outside") or [])
+    numbering = "Epochs count from 0, as NVTX and --profile-epochs do; the console's epoch line shows N+1."
     lines += _section("Epoch time (s)", f"This report covers {covered(window)}; the others were not captured. "
-                      f"Their times from the metrics JSON: {outside}." if outside else None, *_epoch_table(ranks))
+                      f"Their times from the metrics JSON: {outside}. {numbering}" if outside else numbering,
+                      *_epoch_table(ranks))
     lines += _section("Training batches",
                       "Phase shares are of summed batch time; data-stall is time waiting for the loader.",
                       ["rank", "batches", "mean ms", "p50 ms", "p95 ms", "p99 ms",
@@ -147,7 +149,7 @@ def _section(title: str, note: str | None, header: list[str], rows: list[list[st
 def _epoch_table(ranks: list[dict]) -> tuple[list[str], list[list[str]]]:
     times = [{e["epoch"]: e["time_s"] for e in r["epochs"]} for r in ranks]
     epochs = sorted(set().union(*times))
-    return (["epoch, from 0 (the console's N+1)", *(f"rank {who(r)}" for r in ranks)],
+    return (["epoch", *(f"rank {who(r)}" for r in ranks)],
             [[str(e), *(num(t.get(e)) for t in times)] for e in epochs])
 
 
