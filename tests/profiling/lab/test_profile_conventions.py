@@ -281,3 +281,31 @@ def test_the_consoles_epoch_line_names_the_nvtx_range_the_profile_holds(capsys):
               "data_wait_s": 0.5}
     _report_epoch(SimpleNamespace(is_main=True, epochs=2), record)
     assert capsys.readouterr().out.startswith("epoch 1/2 [nvtx: epoch 0]  loss 1.0000")
+
+
+def test_the_figure_plots_per_gpu_the_metric_series_the_json_lists_over_steady_steps(tmp_path):
+    from handler.profiling.lab.figures import STEADY_STEPS, draw
+    nvtx = [(7, "Epoch 0", 0, 80 * MS)] + [(7, f"Batch {i}", i * 10 * MS, i * 10 * MS + 6 * MS) for i in range(8)]
+    nvtx += [(7, "forward", i * 10 * MS + 1 * MS, i * 10 * MS + 4 * MS) for i in range(8)]
+    path = fake_export(tmp_path / "fig.sqlite", nvtx, kernels=[(7, "sgemm", 1 * MS, 70 * MS)])
+    names = ("SMs Active [Throughput %]", "PCIe TX Throughput [Throughput %]", "PCIe RX Throughput [Throughput %]")
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript("""CREATE TABLE TARGET_INFO_GPU_METRICS (typeId INTEGER, sourceId INTEGER, typeName TEXT,
+                                metricId INTEGER, metricName TEXT);
+                            CREATE TABLE GPU_METRICS (timestamp INTEGER, typeId INTEGER, metricId INTEGER, value INTEGER);""")
+        for gpu in (0, 1):
+            for metric, name in enumerate(names[:3 - gpu]):  # GPU 1 samples no PCIe RX
+                db.execute("INSERT INTO TARGET_INFO_GPU_METRICS VALUES (?, 0, 'GA102', ?, ?)", (256 + gpu, metric, name))
+                db.executemany("INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?)",
+                               [(t * MS, 256 + gpu, metric, t % 7) for t in range(0, 80)])
+        db.commit()
+    trace = load_trace(path)
+    figure = draw(trace, tmp_path / "fig.png", "test")
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+    assert figure["window_ns"] == [20 * MS, 60 * MS]  # STEADY_STEPS steps from the middle of eight
+    assert STEADY_STEPS == 4
+    assert figure["panels"] == [{"gpu": 0, "series": ["sm_active_pct", "pcie_tx_pct", "pcie_rx_pct"]},
+                                {"gpu": 1, "series": ["sm_active_pct", "pcie_tx_pct"]}]
+    assert figure["bands"] == [{"rank": 0, "steps": 4, "phases": ["forward"]}]
+    bare = draw(load_trace(fake_export(tmp_path / "bare.sqlite", nvtx)), tmp_path / "bare.png", "no metrics")
+    assert bare["panels"] == [] and bare["bands"] == figure["bands"] and (tmp_path / "bare.png").is_file()
