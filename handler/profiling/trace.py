@@ -71,8 +71,14 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
             copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
     except sqlite3.DatabaseError as err:
         raise UserError(f"{path} is not an nsys SQLite export ({err}); pass the .nsys-rep instead")
-    convention = convention or detect(text for _, _, text, _ in events if text)
-    processes, source = _processes(events) if convention is OURS else _other_processes(events, convention, gpu)
+    processes, source = (), ""
+    if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
+        processes, source = _processes(events)
+        convention = OURS if processes else detect(text for _, _, text, _ in events if text)
+    if convention is not OURS:
+        processes, source = _other_processes(events, convention, gpu)
+    elif not processes:
+        processes, source = _processes(events)
     if not processes:
         raise UserError(f"{path} has no 'epoch N' NVTX ranges or 'rank N' marks, nor epochs or steps named as "
                         "the lab kit ('Epoch N' > 'Batch N') or torch.profiler ('ProfilerStep#N') name them; "

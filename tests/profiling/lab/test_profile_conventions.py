@@ -309,3 +309,33 @@ def test_the_figure_plots_per_gpu_the_metric_series_the_json_lists_over_steady_s
     assert figure["bands"] == [{"rank": 0, "steps": 4, "phases": ["forward"]}]
     bare = draw(load_trace(fake_export(tmp_path / "bare.sqlite", nvtx)), tmp_path / "bare.png", "no metrics")
     assert bare["panels"] == [] and bare["bands"] == figure["bands"] and (tmp_path / "bare.png").is_file()
+
+
+def test_peak_memory_follows_allocations_less_frees_and_ncclS_own_ranges_are_counted(tmp_path):
+    nvtx = [(7, "Epoch 0", 0, 100 * MS), (7, "Batch 0", 0, 100 * MS),
+            (7, "ncclAllReduce", 10 * MS, 11 * MS), (7, "ncclAllReduce", 20 * MS, 22 * MS),
+            (7, "ncclBroadcast", 30 * MS, 31 * MS)]
+    path = fake_export(tmp_path / "mem.sqlite", nvtx, kernels=[(7, "sgemm", 1 * MS, 50 * MS)])
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE CUDA_GPU_MEMORY_USAGE_EVENTS (start INTEGER, globalPid INTEGER, deviceId INTEGER, "
+                   "bytes INTEGER, memKind INTEGER, memoryOperationType INTEGER)")
+        # device memory: +100, +50, -100, +80 MB (peak 150); pinned host memory (memKind 1) is not the GPU's
+        db.executemany("INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS VALUES (?, 117440512, 0, ?, ?, ?)",
+                       [(1, 100_000_000, 2, 0), (2, 50_000_000, 2, 0), (3, 100_000_000, 2, 1), (4, 80_000_000, 2, 0),
+                        (5, 900_000_000, 1, 0)])
+        db.commit()
+    summary = summarize(load_trace(path))
+    assert summary["gpus"][0]["peak_memory_mb"] == pytest.approx(150.0)
+    assert summary["ranks"][0]["nccl_ranges"] == {"ncclAllReduce": {"count": 2, "total_s": pytest.approx(0.003)},
+                                                  "ncclBroadcast": {"count": 1, "total_s": pytest.approx(0.001)}}
+
+
+def test_the_ranges_option_maps_a_users_names_from_the_command_line(tmp_path):
+    export = fake_export(tmp_path / "user.sqlite", [(4, "round 1", 0, 100 * MS), (4, "it 0", 0, 60 * MS),
+                                                     (4, "fwd", 10 * MS, 30 * MS)])
+    result = run_report(export, "--ranges", "epoch=Round *", "step=It *", "forward=fwd")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "user.summary.json").read_text())
+    assert summary["convention"].startswith("user mapping") and summary["ranks"][0]["loop"]["steps"] == 1
+    bad = run_report(export, "--ranges", "step=It")
+    assert bad.returncode != 0 and "exactly one `*`" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
