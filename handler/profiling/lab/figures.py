@@ -47,7 +47,7 @@ def draw(trace: Trace, path: Path, title: str) -> dict:
             if points:
                 ax.plot([(t - t0) / 1e6 for t, _ in points], [v for _, v in points], label=key, linewidth=0.8)
         ax.set_ylabel(f"GPU {gpu}")
-        ax.legend(fontsize=6, loc="upper right")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         panels.append({"gpu": gpu, "series": [line.get_label() for line in ax.get_lines()]})
     bands = _bands(axes[-1, 0], trace, span, t0)
     axes[-1, 0].set_xlabel("ms from the window's start")
@@ -75,5 +75,5 @@ def _bands(ax, trace: Trace, span, t0: int) -> list[dict]:
         drawn.append({"rank": process.rank, "steps": len(steps), "phases": names})
     ax.set_yticks([row + 0.5 for row in range(len(trace.processes))], [RANK(p.rank) for p in trace.processes])
     if any(d["phases"] for d in drawn):
-        ax.legend(fontsize=6, loc="upper right", ncol=len(PHASES))
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return drawn

@@ -80,7 +80,7 @@ def verdict(summary: dict) -> dict:
     else:
         kind = f"host-bound: {inside:.1f} ms of each {step:.1f} ms step is inside the step range"
     return {"bound_s": bound, "per_step_ms": per_step, "gpu_busy_ms_per_step": busy_ms, "wait_share": wait,
-            "line": f"{kind}; with a loader that keeps up, the epoch takes at least {bound:.1f} s "
+            "line": f"{kind}; with a loader that keeps up, the epoch takes at least {bound:.3g} s "
                     f"({steps} steps x {per_step:.1f} ms)"}
 
 
@@ -150,13 +150,15 @@ def _page(rows: list[dict]) -> list[str]:
     lines += [f"- **{r['mode']}, {r['gpus']} GPU**: {r['verdict']['line']}." for r in rows]
     metric_keys = sorted({k for r in rows for g in r["gpu_table"] or () for k in (g["metrics"] or {})})
     lines += ["", "## Per GPU", "", "Busy shares are of the epochs' length; metrics are means inside the epochs.", "",
-              "| report | GPU | kernel busy | compute busy | NCCL kernel s | peak MB | " + " | ".join(metric_keys) + " |",
+              "| " + " | ".join(["report", "GPU", "kernel busy", "compute busy", "NCCL kernel s", "peak MB", *metric_keys])
+              + " |",
               "|---" * (6 + len(metric_keys)) + "|"]
     for r in rows:
         for g in r["gpu_table"] or ():
-            lines.append(f"| {r['name']} | {g['device']} | {_pct(g['kernel_busy_share'])} | "
-                         f"{_pct(g['compute_busy_share'])} | {_num(g['nccl_kernel_s'], 3)} | {_num(g['peak_memory_mb'], 0)} | "
-                         + " | ".join(_num((g["metrics"] or {}).get(k), 1) for k in metric_keys) + " |")
+            lines.append("| " + " | ".join([r["name"], str(g["device"]), _pct(g["kernel_busy_share"]),
+                                             _pct(g["compute_busy_share"]), _num(g["nccl_kernel_s"], 3),
+                                             _num(g["peak_memory_mb"], 0),
+                                             *(_num((g["metrics"] or {}).get(k), 1) for k in metric_keys)]) + " |")
     lines += ["", "## Copies (memcpy inside the epochs)", "", "| report | GPU | kind | count | MB | s |", "|---|---|---|---|---|---|"]
     for r in rows:
         for g in r["gpu_table"] or ():
