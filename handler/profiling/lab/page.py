@@ -4,8 +4,8 @@
     python -m handler.profiling.report dp_1gpu.nsys-rep ddp_2gpu.nsys-rep --lab --out lab/
 
 Writes OUT/lab.md, OUT/lab.json and one figure per report (figures.py). Mode and GPU count come
-from the file layout; where the name holds no GPU count, from the GPUs that ran kernels (or the
-ranks, on CPU). Each report gets a verdict line with its bound, see `verdict`.
+from the run's metrics JSON beside the report, else from the file layout; where the name holds no
+GPU count, from the GPUs that ran kernels (or the ranks, on CPU). Each report gets a verdict line with its bound, see `verdict`.
 """
 import json
 import re
@@ -56,10 +56,24 @@ def lab_reports(paths: list[Path]) -> list[dict]:
                 entries.append({"report": report, "mode": (mode.group("mode") or mode.group("mode2")).lower()
                                 if mode else report.stem,
                                 "gpus": int(count.group("a") or count.group("b")) if count else None})
+    for entry in entries:
+        entry.update(_from_metrics(entry["report"]))
     if not entries:
         raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; pass the kit's "
                         "nsight_logs folder or the reports themselves")
     return entries
+
+
+def _from_metrics(report: Path) -> dict:
+    """{"mode", "gpus"} from the run's metrics JSON beside the report (`<name>.metrics.json`,
+    scripts/launch.sh writes it there), which knows them exactly; {} without a readable one."""
+    path = report.with_name(report.name.split(".")[0] + ".metrics.json")
+    try:
+        config = json.loads(path.read_text()).get("config") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    found = {"mode": config.get("mode"), "gpus": config.get("num_gpu")}
+    return {k: v for k, v in found.items() if v}
 
 
 def verdict(summary: dict) -> dict:

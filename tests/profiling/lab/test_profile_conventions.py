@@ -145,6 +145,14 @@ def test_the_lab_page_over_a_kit_layout_folder_of_three_modes_and_two_counts(tmp
             folder = logs / f"{mode}_20251001_17334{gpus}"
             folder.mkdir(parents=True)
             (folder / f"gpu_{gpus}.sqlite").write_bytes(path.read_bytes())
+    # a run's metrics beside its report know its mode and GPU count better than a name
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "ddp_gpu2.sqlite").write_bytes(path.read_bytes())
+    (flat / "run7.sqlite").write_bytes(path.read_bytes())
+    (flat / "run7.metrics.json").write_text(json.dumps({"config": {"mode": "ddp_dali", "num_gpu": 4}}))
+    from handler.profiling.lab.page import lab_reports
+    assert [(e["mode"], e["gpus"]) for e in lab_reports([flat])] == [("ddp", 2), ("ddp_dali", 4)]
     result = run_report(logs, "--out", tmp_path / "lab")
     assert result.returncode == 0, result.stderr
     lab = json.loads((tmp_path / "lab" / "lab.json").read_text())
