@@ -79,10 +79,13 @@ def gpu_table(trace) -> list[dict] | None:
                       "compute_busy_share": compute / span_ns if span_ns else None,
                       "kernel_busy_s": busy / 1e9, "epochs_s": span_ns / 1e9, "nccl_kernel_s": nccl_ns / 1e9,
                       "memcpy": _copies(trace.copies, device, spans),
-                      "peak_memory_mb": (trace.memory_peaks or {}).get(device, None) and
-                      trace.memory_peaks[device] / MB,
+                      "peak_memory_mb": _peak_mb(trace.memory_peaks, device),
                       "metrics": _metrics(trace, processes, device, spans)})
     return table
+
+
+def _peak_mb(peaks: dict | None, device: int) -> float | None:
+    return peaks[device] / MB if peaks and device in peaks else None
 
 
 def _inside(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:

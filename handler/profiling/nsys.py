@@ -32,7 +32,7 @@ def nsys_version() -> str | None:
 # A report names the nsys that wrote it near its start: "...Report 2025@5@1@..." (2024 on, the
 # form nsys' own "Version number is invalid: 2025@5@1@..." quotes), or "2022.4.2.1" in 2022.
 AT_FORM = re.compile(rb"(20\d\d)@(\d{1,2})@(\d{1,3})")
-DOTTED_FORM = re.compile(rb"(20\d\d)\.(\d{1,2})\.(\d{1,3})(?:\.\d+)?")
+DOTTED_FORM = re.compile(rb"(20\d\d)\.(\d{1,2})\.(\d{1,3})\.\d+")  # four parts: not a date
 HEADER_BYTES = 1 << 16
 
 
