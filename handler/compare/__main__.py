@@ -30,6 +30,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..modes import MODES, option_choices
+from ..profiling.lab.page import write_cells_lab
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError, one_line_errors
 from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, sweep_hooks
@@ -170,6 +171,10 @@ def main(argv=None) -> int:
     rows = build_rows(outcomes)
     report = write_report(out, rows, write_plots(rows, out, comm_bench), prov, recipe(outcomes),
                           dataset_description(outcomes), profile)
+    if profile:  # the profiling report's lab page over the cells' reports (docs/PROFILING.md)
+        lab = write_cells_lab([(o.cell.variant.label, o.cell.count, out / o.folder / f"{o.cell.slug}.nsys-rep")
+                               for o in outcomes if o.status == "ok" and o.folder], out / "lab")
+        print(f"lab page: {lab}" if lab else "lab page: no profiled cell finished", flush=True)
     failed = sum(r.status == "failed" for r in rows)
     print(f"report: {report}  ({len(rows)} cells, {failed} failed{', interrupted' if interrupted else ''})")
     return 130 if interrupted else 1 if failed else 0

@@ -10,13 +10,15 @@ import bisect
 from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHASES
 
 from .bubble import pipeline_stats
+from .devices import gpu_table
 from .comm import comm_stats, first_comm_starts, stragglers
 from .gpu_metrics import device_map, summarize_metrics
 from .gpu_view import gpu_stats, pipeline_threads
 from .stats import nesting_parents, percentile as _percentile
 from .trace import Process, Range, Trace
 
-GPU_PHASES = (*PHASES, DATA_GPU)  # the GPU view adds the input pipeline's own GPU work
+GPU_PHASES = (*PHASES, DATA_GPU)
+NCCL_RANGE = "nccl"  # NCCL's own NVTX ranges: ncclAllReduce, ncclBroadcast, ncclReduce, ...  # the GPU view adds the input pipeline's own GPU work
 
 
 def summarize(trace: Trace, metrics: dict | None = None) -> dict:
@@ -31,6 +33,8 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary["stragglers"] = stragglers(first_comm_per_process(trace))
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     summary["comm_config"] = comm_config(metrics)
+    summary["convention"] = trace.convention
+    summary["gpus"] = gpu_table(trace)
     return summary
 
 
@@ -77,7 +81,47 @@ def _rank(process: Process, trace: Trace) -> dict:
         "gpu_metrics": summarize_metrics(metrics, set(gpus.values()),
                                          [(r.start, r.end) for _, r in epochs]) if metrics else None,
         "gpu_metrics_gpus": {str(cuda): gpu for cuda, gpu in gpus.items()} if metrics else None,
+        "setup": setup_ranges(process.ranges, [r for _, r in epochs]),
+        "loop": loop_stats([r for _, r in epochs], batches, phase_time),
+        "nccl_ranges": _named_totals(r for r in process.ranges if r.name.startswith(NCCL_RANGE)),
     }
+
+
+def setup_ranges(ranges, epochs: list[Range]) -> list[dict]:
+    """The outermost ranges that end before the first epoch starts (the kit's "Set data loader",
+    say), by name in order of first appearance, with their count and seconds."""
+    if not epochs:
+        return []
+    first = min(e.start for e in epochs)
+    before = sorted((r for r in ranges if r.end <= first), key=lambda r: (r.tid, r.start, -r.end))
+    outer, reach = [], {}
+    for r in before:
+        if r.start >= reach.get(r.tid, -1):
+            outer.append(r)
+            reach[r.tid] = r.end
+    outer.sort(key=lambda r: r.start)
+    return [{"name": name, **totals} for name, totals in _named_totals(outer).items()]
+
+
+def loop_stats(epochs: list[Range], batches: list[Range], phase_time: dict) -> dict:
+    """Per rank, what the lab computes by hand: epoch time over steps, the time inside the step
+    ranges and between them (a loop that does not mark its data fetch waits for data there),
+    and ms per step of each phase."""
+    epoch_s, steps = sum(e.seconds for e in epochs), len(batches)
+    inside = sum(b.seconds for b in batches)
+    per_step = (lambda s: s * 1e3 / steps) if steps else (lambda s: None)
+    return {"epochs_s": epoch_s, "steps": steps, "step_mean_ms": per_step(epoch_s),
+            "inside_steps_ms": per_step(inside), "between_steps_ms": per_step(epoch_s - inside) if epochs else None,
+            "phase_ms": {name: per_step(seconds) for name, (_, seconds) in phase_time.items()}}
+
+
+def _named_totals(ranges) -> dict:
+    out: dict[str, dict] = {}
+    for r in ranges:
+        entry = out.setdefault(r.name, {"count": 0, "total_s": 0.0})
+        entry["count"] += 1
+        entry["total_s"] += r.seconds
+    return out
 
 
 def first_comm_per_process(trace: Trace) -> dict:

@@ -17,6 +17,8 @@ from .stats import percentile
 
 # (key, name pattern); the first match wins, units are appended from the bracket.
 METRICS = (
+    ("gpu_active", re.compile(r"^(GPU|GR) Active", re.I)),  # "GR Active" up to nsys 2023, "GPU Active" since
+    ("tensor_active", re.compile(r"^Tensor (Active|Pipe)", re.I)),
     ("sm_active", re.compile(r"^SMs? Active", re.I)),
     ("sm_issue", re.compile(r"^SMs? Issue", re.I)),
     ("warps_in_flight", re.compile(r"^(Compute Warps in Flight|Achieved Occupancy)", re.I)),

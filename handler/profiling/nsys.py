@@ -1,7 +1,10 @@
 """The nsys command line: finding it and exporting a report to SQLite."""
 import os
+import re
 import shutil
+import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 
 from handler.runtime.errors import UserError
@@ -24,6 +27,66 @@ def nsys_version() -> str | None:
         return None
     out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip()
     return out.rsplit(" ", 1)[-1] or None
+
+
+# A report names the nsys that wrote it near its start: "...Report 2025@5@1@..." (2024 on, the
+# form nsys' own "Version number is invalid: 2025@5@1@..." quotes), or "2022.4.2.1" in 2022.
+AT_FORM = re.compile(rb"(20\d\d)@(\d{1,2})@(\d{1,3})")
+DOTTED_FORM = re.compile(rb"(20\d\d)\.(\d{1,2})\.(\d{1,3})\.\d+")  # four parts: not a date
+HEADER_BYTES = 1 << 16
+
+
+def recorded_version(report: Path) -> str | None:
+    """'2025.5.1': the nsys that recorded an .nsys-rep, read from its first bytes; for a .sqlite,
+    the nsys that exported it (EXPORT_PRODUCT_VERSION). None where neither is found."""
+    if report.suffix == ".sqlite":
+        return _export_version(report)
+    try:
+        with open(report, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except OSError:
+        return None
+    found = AT_FORM.search(head) or DOTTED_FORM.search(head)
+    return ".".join(part.decode() for part in found.groups()) if found else None
+
+
+def _export_version(export: Path) -> str | None:
+    try:
+        with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):  # nsys 2023 on / before
+                if table in tables:
+                    row = db.execute(f"SELECT value FROM {table} WHERE name = 'EXPORT_PRODUCT_VERSION'").fetchone()
+                    return row[0] if row else None
+    except sqlite3.DatabaseError:
+        return None
+    return None
+
+
+def release(version: str | None) -> tuple[int, ...]:
+    """(2025, 5, 1) from '2025.5.1' or '2022.4.2.1-df9881f'; () when unreadable."""
+    found = re.match(r"(\d{4})\.(\d+)(?:\.(\d+))?", version or "")
+    return tuple(int(g) for g in found.groups() if g is not None) if found else ()
+
+
+def open_with(version: str | None) -> str | None:
+    """The line a summary prints: which Nsight Systems opens the report."""
+    parts = release(version)
+    return f"open it with Nsight Systems {parts[0]}.{parts[1]} or newer" if len(parts) >= 2 else None
+
+
+def too_new(report: Path, reason: str) -> str | None:
+    """The one-line error for a report newer than the local nsys; None when it is not newer."""
+    recorded = recorded_version(report)
+    if recorded is None and (found := AT_FORM.search(reason.encode())):
+        recorded = ".".join(part.decode() for part in found.groups())
+    local = nsys_version()
+    if not recorded or not local or release(recorded)[:3] <= release(local)[:3]:
+        return None
+    parts = release(recorded)
+    return (f"{report} was recorded by nsys {recorded}, newer than this machine's nsys {local}; export it with "
+            f"nsys {parts[0]}.{parts[1]} or newer (`nsys export --type sqlite {report}`, also on a laptop), "
+            "then pass the .sqlite")
 
 
 def sqlite_export(report: Path, out_dir: Path) -> Path:
@@ -51,6 +114,9 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
         partial.unlink(missing_ok=True)
         lines = (result.stderr + result.stdout).strip().splitlines()
         reason = lines[-1] if lines else f"nsys export exited with {result.returncode}"
+        newer = too_new(report, result.stderr + result.stdout)
+        if newer:
+            raise UserError(newer)
         raise UserError(f"nsys could not read {report} ({reason}); pass an .nsys-rep written "
                         "by a finished nsys profile run (a crashed one leaves only a .qdstrm)")
     os.replace(partial, target)

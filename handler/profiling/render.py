@@ -34,6 +34,10 @@ def one_line(summary: dict) -> str:
         parts += [f"gpu idle {pct(overall['gpu_idle_share'])}", f"nccl {pct(overall['nccl_share'])}"]
     if overall.get("comm_share") is not None:
         parts.append(f"comm {pct(overall['comm_share'])} (exposed {pct(overall['comm_exposed_share'])})")
+    if summary.get("convention", "ours") != "ours":  # their loops mark no data fetch: it waits between steps
+        loops = [r["loop"] for r in summary["ranks"] if r.get("loop") and r["loop"]["step_mean_ms"]]
+        between = sum(lp["between_steps_ms"] or 0.0 for lp in loops) / sum(lp["step_mean_ms"] for lp in loops) if loops else None
+        parts.append(f"between steps {pct(between)}")
     window = covered(summary.get("capture_window")) if (summary.get("capture_window") or {}).get("outside") else ""
     return "profile: " + ", ".join(parts) + (" [GPU time]" if gpu else "") + (f" [{window}]" if window else "")
 
@@ -53,13 +57,17 @@ def covered(window: dict | None) -> str:
 def markdown(summary: dict, title: str) -> str:
     ranks = summary["ranks"]
     trace = "GPU trace (CUDA activity recorded)" if summary["gpu_trace"] else "CPU-only trace (no CUDA activity)"
+    convention = summary.get("convention") or "ours"
     lines = [f"# Profile: {title}", "",
-             f"{len(ranks)} rank(s), ranks from {summary['rank_source']}; {trace}.", "",
+             f"{len(ranks)} rank(s), ranks from {summary['rank_source']}; {trace}; "
+             f"ranges read by the {convention} naming convention (docs/PROFILING.md).", "",
              f"`{one_line(summary)}`", ""]
     window = summary.get("capture_window") or {}
     outside = ", ".join(f"{o['epoch']}: {num(o['metrics_s'])} s" for o in window.get("outside") or [])
+    numbering = "Epochs count from 0, as NVTX and --profile-epochs do; the console's epoch line shows N+1."
     lines += _section("Epoch time (s)", f"This report covers {covered(window)}; the others were not captured. "
-                      f"Their times from the metrics JSON: {outside}." if outside else None, *_epoch_table(ranks))
+                      f"Their times from the metrics JSON: {outside}. {numbering}" if outside else numbering,
+                      *_epoch_table(ranks))
     lines += _section("Training batches",
                       "Phase shares are of summed batch time; data-stall is time waiting for the loader.",
                       ["rank", "batches", "mean ms", "p50 ms", "p95 ms", "p99 ms",
@@ -83,6 +91,7 @@ def markdown(summary: dict, title: str) -> str:
                             num(r["gpu"]["unattributed_s"], 3)] for r in ranks])
     else:
         lines += ["## GPU", "", f"{NA}: no CUDA activity in this report (CPU-only run).", ""]
+    lines += loop_sections(summary)
     lines += _comm_sections(summary)
     lines += _metrics_section(ranks, summary.get("gpu_metrics_mapping"))
     lines += markdown_lines(ranks, who)
@@ -93,6 +102,35 @@ def markdown(summary: dict, title: str) -> str:
                           [[str(c["epoch"]), num(c["nsys_s"], 3), num(c["metrics_s"], 3), pct(c["diff_share"])]
                            for c in summary["metrics_comparison"]])
     return "\n".join(lines)
+
+
+def loop_sections(summary: dict) -> list[str]:
+    """Steps per rank (inside the step ranges and between them), setup, NCCL's ranges, the per-GPU table."""
+    ranks = [r for r in summary["ranks"] if r.get("loop")]
+    lines = _section("Steps", "Step time is epoch time over steps; between steps is what no step range covers: "
+                     "for a loop that does not mark its data fetch, its wait for data. Phases in ms per step.",
+                     ["rank", "steps", "step ms", "inside steps ms", "between steps ms",
+                      *(f"{p} ms" for p in PHASES)],
+                     [[who(r), str(r["loop"]["steps"]), num(r["loop"]["step_mean_ms"], 1),
+                       num(r["loop"]["inside_steps_ms"], 1), num(r["loop"]["between_steps_ms"], 1),
+                       *(num(r["loop"]["phase_ms"][p], 2) for p in PHASES)] for r in ranks])
+    setup = [[who(r), s["name"], str(s["count"]), num(s["total_s"], 3)] for r in ranks for s in r.get("setup") or ()]
+    if setup:
+        lines += _section("Setup (ranges before the first epoch)", None, ["rank", "range", "count", "s"], setup)
+    nccl = [[who(r), name, str(t["count"]), num(t["total_s"] * 1e3, 2)] for r in ranks
+            for name, t in sorted((r.get("nccl_ranges") or {}).items())]
+    if nccl:
+        lines += _section("NCCL calls (NCCL's own NVTX ranges)", None, ["rank", "call", "count", "ms"], nccl)
+    gpus = summary.get("gpus") or []
+    if gpus:
+        lines += _section("Per GPU (inside the epochs)", "Busy: the union of the GPU's kernels over the epochs' "
+                          "length; compute busy leaves NCCL kernels out. Copies: count / MB / s by kind.",
+                          ["GPU", "kernel busy", "compute busy", "NCCL kernel s", "peak MB", "copies"],
+                          [[str(g["device"]), pct(g["kernel_busy_share"]), pct(g["compute_busy_share"]),
+                            num(g["nccl_kernel_s"], 3), num(g["peak_memory_mb"], 0),
+                            "; ".join(f"{k} {c['count']} / {c['mb']:.1f} / {c['seconds']:.4f}"
+                                      for k, c in g["memcpy"].items()) or NA] for g in gpus])
+    return lines
 
 
 def who(rank: dict) -> str:

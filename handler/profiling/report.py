@@ -20,7 +20,9 @@ from handler.runtime.errors import UserError, one_line_errors
 from .analysis import summarize
 from .merge import markdown_lines as merge_lines
 from .merge import merge
-from .nsys import REPORT_SUFFIXES, nsys_version, sqlite_export
+from .conventions import from_mapping
+from .lab.page import is_kit_layout, lab_reports, write_lab
+from .nsys import REPORT_SUFFIXES, nsys_version, open_with, recorded_version, sqlite_export
 from .render import markdown, one_line
 from .trace import load_trace
 
@@ -34,6 +36,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="folder for the summary and the SQLite export (default: next to the report)")
     parser.add_argument("--metrics", type=Path, help="the run's metrics JSON, to compare epoch times")
     parser.add_argument("--brief", action="store_true", help="print only the one-line summary")
+    parser.add_argument("--ranges", nargs="+", metavar="KEY=PATTERN",
+                        help="how the profile names its ranges, when neither ours, the lab kit's nor "
+                             "torch.profiler's: epoch='Epoch *' step='Batch *' h2d='upload data to GPU' ... "
+                             "(docs/PROFILING.md, \"Naming conventions\")")
+    parser.add_argument("--lab", action="store_true",
+                        help="write the lab page (lab.md, lab.json, figures) over the reports, one per mode and "
+                             "GPU count; a folder in the kit's layout (<mode>_<time>/gpu_<N>.nsys-rep) gets it anyway")
     return parser.parse_args(argv)
 
 
@@ -60,6 +69,10 @@ def reports_of(paths: list[Path]) -> list[Path]:
     return found
 
 
+def _folder(path: Path) -> Path:
+    return path if path.is_dir() else path.parent
+
+
 def job_name(reports: list[Path]) -> str:
     """`1234` for 1234_node1 and 1234_node2 (train.sbatch's names); else the stems' common prefix, or `job`."""
     stems = [r.stem for r in reports]
@@ -80,14 +93,20 @@ def capture_window(ranks: list[dict], metrics: dict | None) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    convention = from_mapping(args.ranges) if args.ranges else None
+    if args.lab or any(is_kit_layout(p) for p in args.report):
+        print(write_lab(lab_reports(args.report), args.out or _folder(args.report[0]), convention), flush=True)
+        return
     reports = reports_of(args.report)
     out_dir = args.out or reports[0].parent
     metrics = load_metrics(args.metrics) if args.metrics else None
     if len(reports) == 1:
-        analysis = summarize(load_trace(sqlite_export(reports[0], out_dir)), metrics)
+        analysis = summarize(load_trace(sqlite_export(reports[0], out_dir), convention), metrics)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
         name, title, extra = reports[0].stem, reports[0].name, []
+        recorded = recorded_version(reports[0])
         summary = {"report": str(reports[0]), "nsys_export_version": nsys_version(),
+                   "recorded_by_nsys": recorded, "open_with": open_with(recorded),
                    "one_line": one_line(analysis), **analysis}
     else:
         analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
@@ -97,6 +116,9 @@ def main(argv=None) -> None:
         summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),
                    "one_line": one_line(analysis), **analysis}
     page = markdown(summary, title) + ("\n" + "\n".join(extra) if extra else "")
+    if summary.get("open_with"):
+        head, _, rest = page.partition("\n\n")
+        page = f"{head}\n\nRecorded by nsys {summary['recorded_by_nsys']}; {summary['open_with']}.\n\n{rest}"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.summary.md").write_text(page)
     (out_dir / f"{name}.summary.json").write_text(json.dumps(summary, indent=2))

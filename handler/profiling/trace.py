@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from handler.runtime.errors import UserError
-from handler.runtime.names import EPOCH, HOST, RANK
+from handler.runtime.names import BATCH, EPOCH, HOST, RANK
 
 from .columns import GpuColumns, load_gpu
+from .conventions import OURS, Convention, detect
+from .devices import Copies, load_copies, load_peaks
 from .gpu_metrics import MetricSample, load_metric_samples
 
 @dataclass(frozen=True)
@@ -45,13 +47,17 @@ class Trace:
     metrics: tuple[MetricSample, ...] | None = None  # None: no GPU metrics sampled
     thread_names: dict = field(default_factory=dict)  # globalTid -> its names (ThreadNames)
     cuda_devices: dict | None = None  # (pid, CUDA ordinal) -> nsys GPU id; None: no TARGET_INFO_CUDA_DEVICE
+    convention: str = OURS.name  # the naming convention its ranges were read by (conventions.py)
+    copies: Copies | None = None  # memcpy rows with their kind and bytes; None: none recorded
+    memory_peaks: dict | None = None  # CUDA device -> peak bytes (--cuda-memory-usage); None: not recorded
 
 
 def _pid(global_id: int) -> int:
     return (global_id >> 24) & 0xFFFFFF
 
 
-def load_trace(path: Path) -> Trace:
+def load_trace(path: Path, convention: Convention | None = None) -> Trace:
+    """convention: how the ranges are named; None: detected (conventions.detect)."""
     try:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -62,13 +68,22 @@ def load_trace(path: Path) -> Trace:
             gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
             metrics = load_metric_samples(db, tables) or None
             names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
+            copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
     except sqlite3.DatabaseError as err:
         raise UserError(f"{path} is not an nsys SQLite export ({err}); pass the .nsys-rep instead")
-    processes, source = _processes(events)
+    processes, source = (), ""
+    if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
+        processes, source = _processes(events)
+        convention = OURS if processes else detect(text for _, _, text, _ in events if text)
+    if convention is not OURS:
+        processes, source = _other_processes(events, convention, gpu)
+    elif not processes:
+        processes, source = _processes(events)
     if not processes:
-        raise UserError(f"{path} has no 'epoch N' NVTX ranges or 'rank N' marks; profile a "
-                        "training run of train_cifar.py (scripts/launch.sh does)")
-    return Trace(processes, source, gpu, metrics, names, devices)
+        raise UserError(f"{path} has no 'epoch N' NVTX ranges or 'rank N' marks, nor epochs or steps named as "
+                        "the lab kit ('Epoch N' > 'Batch N') or torch.profiler ('ProfilerStep#N') name them; "
+                        "name yours with --ranges epoch='Epoch *' step='Batch *' (docs/PROFILING.md)")
+    return Trace(processes, source, gpu, metrics, names, devices, (convention or OURS).name, copies, peaks)
 
 
 def columns(db, table: str) -> set[str]:
@@ -105,6 +120,39 @@ def _processes(events) -> tuple[tuple[Process, ...], str]:
     processes = sorted((Process(pid, rank_of[pid], tuple(ranges.get(pid, ())), hosts.get(pid)) for pid in trainers),
                        key=lambda p: p.rank)
     return tuple(processes), "nvtx mark" if by_mark else "pid order"
+
+
+def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[Process, ...], str]:
+    """Ranges renamed to ours by the convention; without `rank N` marks the ranks are the
+    processes that launched kernels or, in a CPU-only profile, that opened epochs (or steps,
+    for a convention without epochs), in pid order."""
+    if convention is None:
+        return (), ""
+    ranges, marks = {}, {}
+    for start, end, text, tid in events:
+        pid = _pid(tid)
+        if end is None:
+            if found := RANK.match(text or ""):
+                marks[pid] = int(found.group(1))
+        elif text:
+            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or text, start, end, tid))
+    if convention.epoch is None:  # steps only: each process's steps are epoch 0
+        for own in ranges.values():
+            steps = [r for r in own if BATCH.match(r.name)]
+            if steps:
+                own.append(Range(EPOCH(0), min(r.start for r in steps), max(r.end for r in steps), steps[0].tid))
+                own.sort(key=lambda r: r.start)
+    launched = set(gpu.pid[gpu.is_kernel()].tolist()) if gpu is not None else set()
+    opened = {pid for pid, own in ranges.items() if any(EPOCH.match(r.name) for r in own)}
+    trainers, source = ((launched & opened) or launched, "processes that launched kernels") if launched else \
+        (opened, "processes that opened epochs")
+    if trainers and all(pid in marks for pid in trainers) and len({marks[p] for p in trainers}) == len(trainers):
+        rank_of, source = {pid: marks[pid] for pid in trainers}, "nvtx mark"
+    else:
+        rank_of = {pid: r for r, pid in enumerate(sorted(trainers))}
+        source += ", in pid order"
+    return tuple(sorted((Process(pid, rank_of[pid], tuple(ranges.get(pid, ()))) for pid in trainers),
+                        key=lambda p: p.rank)), source
 
 
 def _thread_names(db, tables) -> dict:

@@ -16,7 +16,7 @@ from .divergence import Diverged, DivergenceGuard, parameters_finite
 from ..runtime.errors import StopRequested, UserError
 from .loop import train_epoch
 from .strategy import Strategy
-from ..runtime.names import CHECKPOINT, TEST, VALIDATE
+from ..runtime.names import CHECKPOINT, EPOCH, TEST, VALIDATE
 from ..runtime.nvtx import nvtx_range
 from ..runtime.stopping import StopFlag
 
@@ -115,7 +115,9 @@ def _epoch_record(epoch, train, val, first_step) -> dict:
 
 def _report_epoch(cfg, r):
     val = f"  val {100 * r['val_acc']:.2f}%" if r["val_acc"] is not None else ""
-    rank0.say(cfg, f"epoch {r['epoch'] + 1}/{cfg.epochs}  loss {r['train_loss']:.4f}  "
+    # The console counts epochs from 1; NVTX, --profile-epochs, the metrics and the report from 0,
+    # so each line names the range the profile holds for it.
+    rank0.say(cfg, f"epoch {r['epoch'] + 1}/{cfg.epochs} [nvtx: {EPOCH(r['epoch'])}]  loss {r['train_loss']:.4f}  "
                    f"acc {100 * r['train_acc']:.2f}%{val}  {r['time_s']:.1f} s  "
                    f"{r['images_per_s']:.0f} img/s  data-wait {100 * r['data_wait_s'] / r['time_s']:.1f}%")
 

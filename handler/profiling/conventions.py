@@ -1,0 +1,89 @@
+"""The NVTX naming conventions the report understands, as data: one table of patterns each.
+
+A convention says which ranges are epochs, which are steps, and which phase each other range
+is. The report reads any of them by renaming the ranges to ours (handler/runtime/names.py) as
+it loads them, so the analysis has one vocabulary: ours is kept as it is; the course kit's
+("Epoch 0" > "Batch i" > "upload data to GPU", "forward", "loss", "backward") and
+torch.profiler's (`ProfilerStep#N`, no epochs: the steps of a process are one epoch) are
+matched without regard to case; a user's mapping (`--ranges epoch='Epoch *' step='Batch *'
+h2d='upload data to GPU'`) is a convention too. docs/PROFILING.md lists them.
+"""
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from handler.runtime.errors import UserError
+from handler.runtime.names import BACKWARD, BATCH, DATA, EPOCH, FORWARD, H2D, OPTIMIZER, PHASES, RANK
+
+
+@dataclass(frozen=True)
+class Convention:
+    name: str  # what the summary says it used
+    epoch: re.Pattern | None  # group 1 is the epoch's number; None: each process's steps make epoch 0
+    step: re.Pattern  # group 1 is the step's number
+    phases: tuple[tuple[re.Pattern, str], ...] = ()  # (range name pattern, our phase), first match wins
+
+    def canonical(self, text: str) -> str | None:
+        """Our name for a range of this convention; None for a range it does not name."""
+        if self.epoch is not None and (found := self.epoch.fullmatch(text)):
+            return EPOCH(int(found.group(1)))
+        if found := self.step.fullmatch(text):
+            return BATCH(int(found.group(1)))
+        return next((phase for pattern, phase in self.phases if pattern.fullmatch(text)), None)
+
+
+def _words(text: str) -> re.Pattern:
+    return re.compile(re.escape(text), re.I)
+
+
+OURS = Convention("ours", EPOCH.pattern, BATCH.pattern, tuple((re.compile(re.escape(p)), p) for p in PHASES))
+KIT = Convention(
+    "lab kit", re.compile(r"Epoch\s*(\d+)", re.I), re.compile(r"(?:Train\s+)?Batch\s*(\d+)", re.I),
+    ((_words("upload data to GPU"), H2D), (_words(FORWARD), FORWARD), (_words("loss"), FORWARD),
+     (_words(BACKWARD), BACKWARD), (re.compile(r"optimi[sz]er(?:\s*step)?", re.I), OPTIMIZER),
+     (re.compile(r"(?:load|fetch)\s+data", re.I), DATA)))
+TORCH_PROFILER = Convention("torch.profiler", None, re.compile(r"ProfilerStep#(\d+)"))
+BUILT_IN = (OURS, KIT, TORCH_PROFILER)  # tried in this order; ours first, so our runs read as before
+
+
+def detect(names) -> Convention | None:
+    """The first built-in convention whose epochs (steps, for torch.profiler) appear among the
+    range names, or ours when a `rank N` mark is there; None when none does."""
+    names = set(names)
+    if any(RANK.match(n) for n in names):
+        return OURS
+    for convention in BUILT_IN:
+        pattern = convention.epoch or convention.step
+        if any(pattern.fullmatch(n) for n in names):
+            return convention
+    return None
+
+
+MAPPING_KEYS = ("epoch", "step", *PHASES)
+
+
+def from_mapping(items: list[str]) -> Convention:
+    """A convention from `key=pattern` items: epoch and step patterns hold one `*` for the
+    number; phase patterns are shell-style (`*` any text). Matched without regard to case."""
+    given = {}
+    for item in items:
+        key, sep, pattern = item.partition("=")
+        if not sep or key not in MAPPING_KEYS or not pattern:
+            raise UserError(f"--ranges item {item!r} is not KEY=PATTERN with KEY one of {', '.join(MAPPING_KEYS)}; "
+                            "e.g. --ranges epoch='Epoch *' step='Batch *' h2d='upload data to GPU'")
+        given[key] = pattern
+    if "step" not in given:
+        raise UserError("--ranges needs step=PATTERN (the name of one training step, `*` for its number), "
+                        "e.g. step='Batch *'")
+    return Convention("user mapping (" + " ".join(f"{k}={v!r}" for k, v in given.items()) + ")",
+                      _numbered(given["epoch"], "epoch") if "epoch" in given else None,
+                      _numbered(given["step"], "step"),
+                      tuple((re.compile(fnmatch.translate(v), re.I), k) for k, v in given.items() if k in PHASES))
+
+
+def _numbered(pattern: str, key: str) -> re.Pattern:
+    if pattern.count("*") != 1:
+        raise UserError(f"--ranges {key}={pattern!r} needs exactly one `*` where the number goes, "
+                        f"e.g. {key}='{key.title()} *'")
+    before, after = pattern.split("*")
+    return re.compile(re.escape(before) + r"(\d+)" + re.escape(after), re.I)
