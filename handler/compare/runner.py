@@ -56,6 +56,11 @@ class Layout:
                 "CKPT_DIR": str(Path("runs") / run / f"gpu_{cell.count}"),
                 **({"DATA_DIR": str(data)} if data.is_dir() else {})}
 
+    def report(self, cell: Cell, folder: Path) -> Path:
+        """Where `place` has nsys write the cell's report."""
+        where = self.place(cell, folder)
+        return Path(where["NSIGHT_LOG_DIR"]) / f"{where['NSIGHT_FILE_NAME']}.nsys-rep"
+
 
 def cell_environment(cell: Cell, folder: Path, profile: bool, gpu_metrics: bool = False, *,
                      layout: Layout = Layout()) -> dict:

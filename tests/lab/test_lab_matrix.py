@@ -3,6 +3,7 @@ scripts lay them out, summarised in one report. One real cell (ddp on 1 CPU proc
 through scripts/launch.sh; the rest of the matrix is what the command line chose."""
 import json
 import time
+from pathlib import Path
 
 from handler.compare.__main__ import main, parse_args
 from tests.profiling.test_compare import TINY
@@ -27,3 +28,15 @@ def test_a_lab_cell_writes_the_kits_layout_and_the_summary_reads_it(tmp_path, mo
     assert (tmp_path / "runs" / run.name / "gpu_1" / "last.pt").is_file()
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [cell["status"] for cell in results["cells"]] == ["ok"]
+
+
+def test_the_lab_page_reads_each_cells_report_where_the_kits_layout_put_it(tmp_path):
+    # handler.compare hands the lab page the path Layout.report gives; it must be the file that
+    # launch.sh writes from the NSIGHT_LOG_DIR / NSIGHT_FILE_NAME that Layout.place sets.
+    from handler.compare.cells import Cell, build_variants
+    from handler.compare.runner import Layout
+    from handler.modes import MODES
+    [variant] = build_variants("ddp_dali", [], MODES)
+    cell, layout = Cell(variant, 2), Layout("20251001_173345")
+    assert layout.report(cell, tmp_path) == Path("nsight_logs/ddp_dali_20251001_173345/gpu_2.nsys-rep")
+    assert Layout().report(cell, tmp_path) == tmp_path / f"{cell.slug}.nsys-rep"
