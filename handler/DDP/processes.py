@@ -225,9 +225,16 @@ def elastic_restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if launched_by_torchrun() else 0
 
 
-def destroy_process() -> None:
+def destroy_process(*, abort: bool = False) -> None:
     """Leave the process group, after forgetting what handler/runtime/dist.py keeps about it;
-    safe when none was joined."""
+    safe when none was joined. abort: after a failure, drop the group's pending work instead
+    of draining it: NCCL's shutdown waits for queued collectives, and one a lost peer never
+    joined would hold this rank until the launcher kills it."""
     dist.forget_groups()
-    if tdist.is_initialized():
+    if not tdist.is_initialized():
+        return
+    abort_group = getattr(tdist.distributed_c10d, "_abort_process_group", None)  # torch 2.6 on; private
+    if abort and abort_group is not None:
+        abort_group()
+    else:
         tdist.destroy_process_group()
