@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from ..data.augment import eval_transform, train_transform
-from ..data.loaders import ArrayDataset, DeviceLoader, Loaders, ShardSampler, seed_worker
+from ..data.loaders import ArrayDataset, DeviceLoader, Loaders, ShardSampler, seed_worker, stall_bound_s
 
 
 def get_DDP_loader(cfg, splits) -> Loaders:
@@ -21,6 +21,8 @@ def get_DDP_loader(cfg, splits) -> Loaders:
         # epoch (workers are not persistent, so resumed runs replay augmentation exactly).
         # Forked workers start at once; they never touch CUDA.
         common["multiprocessing_context"] = "fork"
+    if cfg.workers:
+        common["timeout"] = stall_bound_s(cfg.dist_timeout)  # a stuck worker ends the run, named
 
     train_set = ArrayDataset(splits.train, train_transform(cfg.cutout))
     sampler = DistributedSampler(train_set, num_replicas=cfg.world_size, rank=cfg.rank,

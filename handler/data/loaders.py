@@ -12,8 +12,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from ..runtime.errors import Stalled
 from ..runtime.names import H2D
 from ..runtime.nvtx import nvtx_range
+from ..runtime.phases import HERE
 
 
 class Loader(Protocol):
@@ -63,8 +65,19 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
+STALL_FACTOR = 2
+
+
+def stall_bound_s(dist_timeout: float) -> float:
+    """How long a DataLoader with workers may take over one batch before its rank stops,
+    naming it. Twice --dist-timeout: a peer waiting on this rank names it (and its `data`
+    phase) first, at --dist-timeout (handler/DDP/peers.py); the bound is for when none does."""
+    return STALL_FACTOR * dist_timeout
+
+
 class DeviceLoader:
-    """Wraps a torch DataLoader to yield batches on `device`."""
+    """Wraps a torch DataLoader to yield batches on `device`. A DataLoader given a `timeout`
+    (stall_bound_s) that passes ends the run in one line naming the loader."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device):
         self.loader, self.device = loader, device
@@ -81,7 +94,14 @@ class DeviceLoader:
     def __iter__(self):
         batches = iter(self.loader)  # starts the workers: inside the loop's first wait for data
         for _ in range(len(self.loader)):
-            images, labels = next(batches)
+            try:
+                images, labels = next(batches)
+            except RuntimeError as err:
+                if "DataLoader timed out" not in str(err):
+                    raise
+                raise Stalled(f"stuck in {HERE}: its data loader gave no batch for {self.loader.timeout:g} s "
+                              f"(the bound is {STALL_FACTOR} x --dist-timeout); a loader worker hangs (a read on a network "
+                              "filesystem, a deadlock) or was stopped") from None
             if self.copies:
                 with nvtx_range(H2D):  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
                     images = images.to(self.device, non_blocking=True)

@@ -1,0 +1,120 @@
+"""A rank that is alive but stuck (its data loader hangs) is named with its phase, in one line.
+
+The stuck rank still beats, so no peer is lost; it publishes where it is instead
+(handler/runtime/phases.py HERE, through handler/DDP/peers.py), and the first rank that waits
+on it for --dist-timeout names it. Its own loader bound (handler/data/loaders.py, twice
+--dist-timeout) is the backstop; whichever speaks first, the other stays quiet.
+"""
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from handler.DDP import peers
+from handler.data.loaders import DeviceLoader
+from handler.runtime import dist
+from handler.runtime.errors import Stalled
+from handler.runtime.phases import Position
+from tests.conftest import SMALL
+from tests.dist_workers import alive
+from tests.faults.test_faults import descendants, finish, killer_cleanup, output, ranks_of, start, wait_for_text  # noqa: F401 - killer_cleanup is a fixture
+from tests.faults.test_peers_errors import fresh_report, real_store  # noqa: F401 - fresh_report is a fixture
+
+# No validation set: every loader worker alive mid-run is a training one.
+STEADY = [*SMALL, "--batch-size", 32, "--valid-size", 0, "--lr", 0.05, "--workers", 1]
+TIMEOUT = 6
+
+
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def ranks_and_workers(pid: int):
+    """The ranks (the fork server's children) and rank 1's loader workers (its children)."""
+    family = ranks_of(pid)  # the server's descendants: ranks, and their loader workers once started
+    ranks = sorted(p for p in family if parent(p) not in family)
+    return ranks, [p for p in family if parent(p) == ranks[-1]]
+
+
+def test_a_rank_whose_loader_worker_is_stopped_is_named_with_its_phase_in_one_line(
+        data_root, tmp_path, killer_cleanup):
+    proc = start(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", tmp_path, "--epochs", 30,
+                  "--dist-timeout", TIMEOUT, *STEADY], tmp_path)
+    killer_cleanup.append(proc)
+    wait_for_text(proc, "steps/epoch", budget=15)
+    time.sleep(1.0)  # mid-epoch
+    ranks, workers = ranks_and_workers(proc.pid)
+    assert len(ranks) == 2 and workers, (ranks, workers)
+    family = descendants(proc.pid)
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        named_after = wait_for_text(proc, "rank 1 (", budget=TIMEOUT + 30)
+        finish(proc, budget=20)
+    finally:
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 2
+    assert named_after < TIMEOUT + 30, f"named {named_after:.1f} s after the stop"
+    said = [line for line in output(proc).splitlines() if line.startswith("rank ")]
+    assert len(said) == 1, output(proc)[-3000:]
+    line = said[0]
+    assert line.startswith("rank 0 (")
+    assert f"rank 1 ({socket.gethostname()}) is stuck in 'data' at epoch " in line and "(its data loader)" in line
+    assert "rank 0 waits in '" in line and f"--dist-timeout {TIMEOUT} s" in line
+    assert f"flight recorder: {tmp_path / 'flight_recorder' / 'rank_0'}" in line
+
+
+class Stuck(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        time.sleep(2)  # a read far longer than the bound below (short: shutting the loader down waits for it)
+        return torch.zeros(3, 32, 32), 0
+
+
+def test_a_dataloader_past_its_bound_stops_its_rank_naming_the_loader():
+    loader = DeviceLoader(DataLoader(Stuck(), batch_size=2, num_workers=1, timeout=0.5), torch.device("cpu"))
+    with pytest.raises(Stalled, match=r"^stuck in '.*': its data loader gave no batch for 0.5 s \(the bound is "
+                                      r"2 x --dist-timeout\)"):
+        next(iter(loader))
+
+
+def test_the_ranks_furthest_back_are_named_with_their_phase_and_for_how_long(fresh_report):
+    now = time.time()
+    where = {0: Position(0, 8, "backward", now - 12), 1: Position(0, 8, "data", now - 31),
+             2: Position(0, 8, "backward", now - 12)}
+    assert peers.behind(where) == [1]
+    assert peers.stuck_line(where, [1], 0, 30) == ("rank 1 (node2) is stuck in 'data' at epoch 0 step 8 for 31 s "
+                                                   "(its data loader); rank 0 waits in 'backward' at epoch 0 step 8 "
+                                                   "(--dist-timeout 30 s)")
+    # Ranks in step with each other are nobody's fault; an earlier step, or set-up, is behind.
+    assert peers.behind({0: Position(1, 3, "data", now), 1: Position(1, 3, "data", now - 50)}) == []
+    assert peers.behind({0: Position(1, 0, "data", now), 1: Position(0, 99, "optimizer", now)}) == [1]
+    assert peers.behind({0: Position(0, 0, "data", now), 1: Position()}) == [1]
+    assert peers.behind({0: Position(0, 0, "checkpoint", now), 1: Position(0, 9, "optimizer", now)}) == [1]
+    assert Position.parse(Position(2, 5, "h2d", 7.5).text()).order() == Position(2, 5, "h2d", 7.5).order()
+
+
+def test_only_the_first_rank_to_explain_a_stop_says_it(fresh_report, monkeypatch):
+    from handler.DDP.store_link import BoundedStore
+    monkeypatch.setitem(os.environ, "TORCHELASTIC_RESTART_COUNT", "0")
+    store = real_store()
+    links = [BoundedStore("127.0.0.1", store.port, 5.0) for _ in range(2)]
+    try:
+        assert [peers.first_to_explain(link) for link in links] == [True, False]
+        assert peers.first_to_explain(None)  # no store to ask: say it
+        monkeypatch.setitem(os.environ, "TORCHELASTIC_RESTART_COUNT", "1")  # an elastic restart starts afresh
+        assert peers.first_to_explain(links[1])
+    finally:
+        for link in links:
+            link.close()
+    assert dist.HOSTS[1] == "node2"
