@@ -30,7 +30,7 @@ from typing import Dict, List, Optional
 
 import torch.distributed as tdist
 
-from ..runtime import dist
+from ..runtime import dist, stopping
 from ..runtime.errors import Stalled, UserError
 from ..runtime.names import BACKWARD, CHECKPOINT, DATA, FORWARD, H2D, OPTIMIZER, TEST, VALIDATE
 from ..runtime.phases import HERE, STARTUP, Position
@@ -152,8 +152,8 @@ class Heartbeat:
         if self._stop.is_set() or _reported.is_set():
             return
         _reported.set()
-        if not first_to_explain(self._link):
-            os._exit(2)  # a peer said why first; this rank only saw it go
+        if stopping.received() or not first_to_explain(self._link):
+            os._exit(2)  # a peer said why first, or its launcher is ending this rank: it only saw the others go
         dump = flight_recorder.dump(self.rank)
         print(f"rank {self.rank} ({socket.gethostname()}): {message}; the other ranks stop too"
               f"{'; ' + dump if dump else ''}", file=sys.stderr, flush=True)
@@ -261,8 +261,8 @@ def watch(host: str, port: int, rank: int, world: int, timeout_s: float):
             raise
         _reported.set()
         line = str(err) if isinstance(err, Stalled) else _verdict(err, host, port, rank, world, timeout_s)
-        if not _explained_first(host, port):
-            raise SystemExit(2) from None  # a peer said why first
+        if stopping.received() or not _explained_first(host, port):
+            raise SystemExit(2) from None  # a peer said why first, or the launcher is ending this rank
         raise UserError(line) from None
     finally:
         if beat is not None:

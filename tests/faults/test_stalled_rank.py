@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -21,7 +22,8 @@ from handler.runtime.errors import Stalled
 from handler.runtime.phases import Position
 from tests.conftest import SMALL
 from tests.dist_workers import alive
-from tests.faults.test_faults import descendants, finish, killer_cleanup, output, ranks_of, start, wait_for_text  # noqa: F401 - killer_cleanup is a fixture
+from tests.faults.test_faults import (descendants, finish, killer_cleanup, none_alive, output, ranks_of,  # noqa: F401 - killer_cleanup is a fixture
+                                      start, wait_for_text)
 from tests.faults.test_peers_errors import fresh_report, real_store  # noqa: F401 - fresh_report is a fixture
 
 # No validation set: every loader worker alive mid-run is a training one.
@@ -32,6 +34,18 @@ TIMEOUT = 6
 def parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@contextmanager
+def stopped(pids):
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in filter(alive, pids):
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
 
 
 def ranks_and_workers(pid: int):
@@ -51,16 +65,10 @@ def test_a_rank_whose_loader_worker_is_stopped_is_named_with_its_phase_in_one_li
     ranks, workers = ranks_and_workers(proc.pid)
     assert len(ranks) == 2 and workers, (ranks, workers)
     family = descendants(proc.pid)
-    for pid in workers:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with stopped(workers):  # a stopped worker outlives its rank: killed here at the end
         named_after = wait_for_text(proc, "rank 1 (", budget=TIMEOUT + 30)
         finish(proc, budget=20)
-    finally:
-        for pid in workers:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-                os.kill(pid, signal.SIGCONT)
+    assert none_alive(family), "orphaned processes left behind"
     assert proc.returncode == 2
     assert named_after < TIMEOUT + 30, f"named {named_after:.1f} s after the stop"
     said = [line for line in output(proc).splitlines() if line.startswith("rank ")]
