@@ -49,18 +49,20 @@ def stopped(pids):
 
 
 def ranks_and_workers(pid: int):
-    """The ranks (the fork server's children) and rank 1's loader workers (its children)."""
-    family = ranks_of(pid)  # the server's descendants: ranks, and their loader workers once started
+    """The ranks (no rank's children) and rank 1's loader workers (its children, forked with
+    its command line)."""
+    family = ranks_of(pid)  # the ranks, and their loader workers once started
     ranks = sorted(p for p in family if parent(p) not in family)
     return ranks, [p for p in family if parent(p) == ranks[-1]]
 
 
-def test_a_rank_whose_loader_worker_is_stopped_is_named_with_its_phase_in_one_line(
-        data_root, tmp_path, killer_cleanup):
+def stalled_loader_run(data_root, tmp_path, procs: list, start_budget: float) -> str:
+    """A 2-rank ddp run whose rank 1 loader worker is stopped mid-epoch: rank 0 alone names
+    rank 1 and 'data' within --dist-timeout + 30 s, and the job ends with nothing left. The output."""
     proc = start(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", tmp_path, "--epochs", 30,
                   "--dist-timeout", TIMEOUT, *STEADY], tmp_path)
-    killer_cleanup.append(proc)
-    wait_for_text(proc, "steps/epoch", budget=15)
+    procs.append(proc)
+    wait_for_text(proc, "steps/epoch", budget=start_budget)
     time.sleep(1.0)  # mid-epoch
     ranks, workers = ranks_and_workers(proc.pid)
     assert len(ranks) == 2 and workers, (ranks, workers)
@@ -78,6 +80,12 @@ def test_a_rank_whose_loader_worker_is_stopped_is_named_with_its_phase_in_one_li
     assert f"rank 1 ({socket.gethostname()}) is stuck in 'data' at epoch " in line and "(its data loader)" in line
     assert "rank 0 waits in '" in line and f"--dist-timeout {TIMEOUT} s" in line
     assert f"flight recorder: {tmp_path / 'flight_recorder' / 'rank_0'}" in line
+    return output(proc)
+
+
+def test_a_rank_whose_loader_worker_is_stopped_is_named_with_its_phase_in_one_line(
+        data_root, tmp_path, killer_cleanup):
+    stalled_loader_run(data_root, tmp_path, killer_cleanup, start_budget=15)
 
 
 class Stuck(Dataset):
