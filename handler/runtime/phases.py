@@ -22,14 +22,13 @@ from typing import Callable, ContextManager
 import torch
 
 from . import nvtx
-from .names import BACKWARD, CHECKPOINT, DATA, FORWARD, H2D, LOOP_PHASES, OPTIMIZER, TEST, VALIDATE
+from .names import CHECKPOINT, DATA, LOOP_PHASES, PHASES, TEST, VALIDATE
 
 Phase = Callable[[str], ContextManager]  # PhaseTimer, or untimed
 STARTUP = "start-up"  # before the first epoch: building the model, the loaders, DDP's first broadcast
 # Where a rank can be, in the order it passes them: a step's phases, then the epoch's validation
 # and checkpoint; the test set after the last epoch.
-STAGES = (STARTUP, DATA, H2D, FORWARD, BACKWARD, OPTIMIZER, VALIDATE, CHECKPOINT, TEST)
-TRAINING = (DATA, H2D, FORWARD, BACKWARD, OPTIMIZER)
+STAGES = (STARTUP, *PHASES, VALIDATE, CHECKPOINT, TEST)
 
 
 class Position:
@@ -52,14 +51,14 @@ class Position:
         """Sorts as the loop passes positions: a step's phases share its number, validation
         and the checkpoint come after the epoch's last step, the test after the last epoch."""
         stage = STAGES.index(self.phase) if self.phase in STAGES else 0
-        if self.phase in TRAINING:
+        if self.phase in PHASES:
             return self.epoch, 0, self.step, stage
         return (self.epoch if self.phase != TEST else float("inf")), stage, 0, 0
 
     def __str__(self) -> str:
         if self.phase == STARTUP:
             return f"'{STARTUP}'"
-        step = f" step {self.step}" if self.phase in TRAINING else ""
+        step = f" step {self.step}" if self.phase in PHASES else ""
         return f"'{self.phase}' at epoch {self.epoch}{step}"
 
 
