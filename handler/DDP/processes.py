@@ -229,12 +229,12 @@ def destroy_process(*, abort: bool = False) -> None:
     """Leave the process group, after forgetting what handler/runtime/dist.py keeps about it;
     safe when none was joined. abort: after a failure, drop the group's pending work instead
     of draining it: NCCL's shutdown waits for queued collectives, and one a lost peer never
-    joined would hold this rank until the launcher kills it."""
+    joined would hold this rank until the launcher kills it. gloo's shutdown waits for no peer
+    (and torch before 2.7 cannot abort a gloo group), so gloo drains."""
     dist.forget_groups()
     if not tdist.is_initialized():
         return
-    abort_group = getattr(tdist.distributed_c10d, "_abort_process_group", None)  # torch 2.6 on; private
-    if abort and abort_group is not None:
-        abort_group()
+    if abort and tdist.get_backend() == "nccl":
+        tdist.distributed_c10d._abort_process_group()  # gpu-only: tests/machine/test_gpu_faults.py::test_sigstopped_rank_is_named_on_nccl
     else:
         tdist.destroy_process_group()

@@ -1,8 +1,8 @@
-"""A failing rank says its one line before its process group is taken down, and then aborts
-the group instead of draining it (handler/DDP/run.py `worker`). On NCCL, draining waits for
-a collective that a dead peer never joins, so a line printed after it was lost (the launcher
-killed the rank first). Here one real gloo rank fails in training; the teardown is the real
-one, watched as it is called."""
+"""A failing rank says its one line before its process group is taken down, and asks for an
+abort, not a drain (handler/DDP/run.py `worker`). On NCCL, draining waits for a collective
+that a dead peer never joins, so a line printed after it was lost (the launcher killed the
+rank first). Here one real gloo rank fails in training; the teardown is the real one
+(on gloo it drains: destroy_process), watched as it is called."""
 import datetime
 
 import pytest
@@ -42,7 +42,7 @@ def teardown_seen(monkeypatch, capsys):
     return calls
 
 
-def test_a_failing_rank_prints_its_line_before_it_aborts_its_group(one_rank, monkeypatch, capsys):
+def test_a_failing_rank_prints_its_line_first_then_asks_for_its_group_to_be_aborted(one_rank, monkeypatch, capsys):
     def fails(cfg, strategy):
         raise UserError("the data loader gave no batch")
     monkeypatch.setattr(run, "fit", fails)
