@@ -30,6 +30,7 @@ from typing import Dict, List, Optional
 
 import torch.distributed as tdist
 
+from ..data.loaders import stall_bound_s, stalled_loader
 from ..runtime import dist, stopping
 from ..runtime.errors import Stalled, UserError
 from ..runtime.names import BACKWARD, CHECKPOINT, DATA, FORWARD, H2D, OPTIMIZER, TEST, VALIDATE
@@ -119,7 +120,10 @@ class Heartbeat:
                     if counts.get(p) != count:
                         counts[p], heard[p] = count, now
                 silent_since = None
-                if time.time() - HERE.since > self.timeout_s:
+                waited = time.time() - HERE.since
+                if HERE.phase == DATA and waited > stall_bound_s(self.timeout_s):
+                    stuck = stalled_loader(waited)  # this rank's own loader: no peer named it
+                elif waited > self.timeout_s:
                     stuck = self._others_stuck()
             except Exception:  # noqa: BLE001 - unreachable for now: a cut link may heal
                 if self._link is not None:

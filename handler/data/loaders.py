@@ -69,10 +69,18 @@ STALL_FACTOR = 2
 
 
 def stall_bound_s(dist_timeout: float) -> float:
-    """How long a DataLoader with workers may take over one batch before its rank stops,
-    naming it. Twice --dist-timeout: a peer waiting on this rank names it (and its `data`
-    phase) first, at --dist-timeout (handler/DDP/peers.py); the bound is for when none does."""
+    """How long a rank may wait for one batch before it stops, naming its loader. Twice
+    --dist-timeout: a peer waiting on this rank names it (and its `data` phase) first, at
+    --dist-timeout (handler/DDP/peers.py); the bound is for when none does. A DataLoader with
+    workers keeps it itself (`timeout`: a worker hung in a read); with peers, the heartbeat
+    keeps it too, whatever the wait is blocked in (a worker stopped half-way through sending
+    a batch leaves the DataLoader reading the rest of it, where its timeout does not reach)."""
     return STALL_FACTOR * dist_timeout
+
+
+def stalled_loader(waited_s: float) -> str:
+    return (f"stuck in {HERE}: its data loader gave no batch for {round(waited_s, 1):g} s (the bound is {STALL_FACTOR} x "
+            "--dist-timeout); a loader worker hangs (a read on a network filesystem, a deadlock) or was stopped")
 
 
 class DeviceLoader:
@@ -99,9 +107,7 @@ class DeviceLoader:
             except RuntimeError as err:
                 if "DataLoader timed out" not in str(err):
                     raise
-                raise Stalled(f"stuck in {HERE}: its data loader gave no batch for {self.loader.timeout:g} s "
-                              f"(the bound is {STALL_FACTOR} x --dist-timeout); a loader worker hangs (a read on a network "
-                              "filesystem, a deadlock) or was stopped") from None
+                raise Stalled(stalled_loader(self.loader.timeout)) from None
             if self.copies:
                 with nvtx_range(H2D):  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
                     images = images.to(self.device, non_blocking=True)

@@ -6,8 +6,11 @@ on it for --dist-timeout names it. Its own loader bound (handler/data/loaders.py
 --dist-timeout) is the backstop; whichever speaks first, the other stays quiet.
 """
 import os
+import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 
@@ -20,7 +23,7 @@ from handler.data.loaders import DeviceLoader
 from handler.runtime import dist
 from handler.runtime.errors import Stalled
 from handler.runtime.phases import Position
-from tests.conftest import SMALL
+from tests.conftest import ROOT, SMALL
 from tests.dist_workers import alive
 from tests.faults.test_faults import (descendants, finish, killer_cleanup, none_alive, output, ranks_of,  # noqa: F401 - killer_cleanup is a fixture
                                       start, wait_for_text)
@@ -102,6 +105,31 @@ def test_a_dataloader_past_its_bound_stops_its_rank_naming_the_loader():
     with pytest.raises(Stalled, match=r"^stuck in '.*': its data loader gave no batch for 0.5 s \(the bound is "
                                       r"2 x --dist-timeout\)"):
         next(iter(loader))
+
+
+# Rank 0 waiting for a batch for 100 s, with --dist-timeout 1 (the loader's bound 2 s), its
+# main thread blocked where no timeout of the DataLoader reaches: its heartbeat ends it.
+WAITS_FOR_DATA = """
+import datetime, sys, time
+import torch.distributed as tdist
+from handler.DDP import peers
+from handler.runtime import phases
+store = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+phases.at_step(0, 7)
+phases.entered("data")
+phases.HERE.since -= 100
+peers.Heartbeat("127.0.0.1", store.port, 0, 2, 1)
+time.sleep(30)
+print("the heartbeat never gave up")
+"""
+
+
+def test_a_rank_waiting_for_a_batch_past_the_bound_is_ended_by_its_heartbeat_naming_the_loader():
+    rank = subprocess.run([sys.executable, "-c", WAITS_FOR_DATA], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert rank.returncode == 2, rank.stdout + rank.stderr
+    assert re.fullmatch(r"rank 0 \(.*\): stuck in 'data' at epoch 0 step 7: its data loader gave no batch for 10\d(\.\d)? s "
+                        r"\(the bound is 2 x --dist-timeout\); a loader worker hangs .*; the other ranks stop too",
+                        rank.stderr.strip().splitlines()[-1]), rank.stderr
 
 
 def test_the_ranks_furthest_back_are_named_with_their_phase_and_for_how_long(fresh_report):
