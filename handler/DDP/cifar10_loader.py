@@ -15,7 +15,8 @@ from ..data.loaders import ArrayDataset, DeviceLoader, ShardSampler, group_place
 def get_DDP_loader(test_batch: int, train_batch: int, root: str = "./data", valid_size: int = 0,
                    valid_batch: int = 0, cutout: int = 16, num_workers: int = 0, download: bool = True,
                    random_seed: int = 0, shuffle: bool = True, *, splits: Optional[Splits] = None,
-                   rank: Optional[int] = None, world_size: Optional[int] = None, device: Optional[str] = None):
+                   rank: Optional[int] = None, world_size: Optional[int] = None, device: Optional[str] = None,
+                   stall_s: float = 0.0):
     """Problem 5: CIFAR-10 under `root` as (test_loader, train_loader, valid_loader) for this
     process's rank; batch sizes are per process.
 
@@ -28,6 +29,8 @@ def get_DDP_loader(test_batch: int, train_batch: int, root: str = "./data", vali
 
     The harness passes its own splits, rank, world_size and device; by default they come
     from root and the process group (initialize_group), on this rank's GPU when there is one.
+    stall_s: how long one batch may take before the run stops naming the loader (the harness
+    passes handler/data/loaders.py stall_bound_s; 0 waits forever, as torch's DataLoader does).
     """
     splits = splits or read_splits(root, valid_size, random_seed, download=download)
     rank, world_size, device = group_place(rank, world_size, device)
@@ -39,6 +42,8 @@ def get_DDP_loader(test_batch: int, train_batch: int, root: str = "./data", vali
         # epoch (workers are not persistent, so resumed runs replay augmentation exactly).
         # Forked workers start at once; they never touch CUDA.
         common["multiprocessing_context"] = "fork"
+    if num_workers and stall_s:
+        common["timeout"] = stall_s  # a stuck worker ends the run, named
 
     train_set = ArrayDataset(splits.train, train_transform(cutout))
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=random_seed)

@@ -7,27 +7,40 @@ import socket
 from ..runtime import dist, rank0
 from ..modes import validate
 from ..data.dataset import data_lock, prepare_dataset
-from ..runtime.errors import one_line_errors
+from ..runtime.errors import StopRequested, one_line_errors
 from ..train.trainer import fit
 from . import flight_recorder, peers
 from .utils import destroy_process, elastic_restart_count, initialize_group, launched_by_torchrun, store_address
 
 
 def worker(proc_id: int, cfg, strategy) -> None:
-    with one_line_errors(f"rank {os.environ.get('RANK', proc_id)} ({socket.gethostname()})"):
-        if launched_by_torchrun():
-            cfg = _torchrun_preparation(cfg)
-        flight_recorder.enable(cfg.ckpt, use_cuda=cfg.use_cuda)  # before the group: torch reads the settings then
-        me = initialize_group(proc_id, cfg.host, cfg.port, cfg.world_size,
-                              use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout, store_held=True)
-        try:
-            cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))
-            validate(cfg)  # torchrun may have chosen a world size the command line did not
-            with peers.watch(*store_address(cfg), me.rank, me.world_size, cfg.dist_timeout):
-                fit(cfg, strategy)
-                dist.barrier()  # no rank tears the group down while a peer still uses it
-        finally:
-            destroy_process()
+    """One rank. A failing rank's line comes out before its group is taken down, and the
+    group is then aborted, not drained (destroy_process): its line is never lost to a
+    shutdown that waits on a dead peer."""
+    ended_well = False
+    try:
+        with one_line_errors(f"rank {os.environ.get('RANK', proc_id)} ({socket.gethostname()})"):
+            try:
+                _train(proc_id, cfg, strategy)
+            except StopRequested:  # every rank stopped at the same step and saved: nothing is pending
+                ended_well = True
+                raise
+            ended_well = True
+    finally:
+        destroy_process(abort=not ended_well)
+
+
+def _train(proc_id: int, cfg, strategy) -> None:
+    if launched_by_torchrun():
+        cfg = _torchrun_preparation(cfg)
+    flight_recorder.enable(cfg.ckpt, use_cuda=cfg.use_cuda)  # before the group: torch reads the settings then
+    me = initialize_group(proc_id, cfg.host, cfg.port, cfg.world_size,
+                          use_cuda=cfg.use_cuda, timeout_s=cfg.dist_timeout, store_held=True)
+    cfg = dataclasses.replace(cfg, **dataclasses.asdict(me))
+    validate(cfg)  # torchrun may have chosen a world size the command line did not
+    with peers.watch(*store_address(cfg), me.rank, me.world_size, cfg.dist_timeout):
+        fit(cfg, strategy)
+        dist.barrier()  # no rank tears the group down while a peer still uses it
 
 
 def _torchrun_preparation(cfg):

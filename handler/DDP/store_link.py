@@ -11,7 +11,7 @@ import select
 import socket
 import threading
 import time
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 import torch.distributed as tdist
 
@@ -44,6 +44,13 @@ class BoundedStore:
 
     def add(self, key: str, amount: int) -> int:
         return self.store.add(key, amount)
+
+    def set(self, key: str, value: str) -> None:
+        self.store.set(key, value)
+
+    def get(self, key: str) -> Optional[bytes]:
+        """The key's value; None when nobody set it (a plain get would wait for it)."""
+        return self.store.get(key) if self.store.check([key]) else None
 
     def close(self) -> None:
         """Drop every connection (a call in flight fails at once) and stop the relay."""

@@ -243,9 +243,16 @@ def elastic_restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if launched_by_torchrun() else 0
 
 
-def destroy_process() -> None:
-    """Problem 3: leave the process group (destroy_process_group), after forgetting what handler/runtime/dist.py keeps about it;
-    safe when none was joined."""
+def destroy_process(*, abort: bool = False) -> None:
+    """Problem 3: leave the process group (destroy_process_group), after forgetting what
+    handler/runtime/dist.py keeps about it; safe when none was joined. abort: after a failure, drop the group's pending work instead
+    of draining it: NCCL's shutdown waits for queued collectives, and one a lost peer never
+    joined would hold this rank until the launcher kills it. gloo's shutdown waits for no peer
+    (and torch before 2.7 cannot abort a gloo group), so gloo drains."""
     dist.forget_groups()
-    if tdist.is_initialized():
+    if not tdist.is_initialized():
+        return
+    if abort and tdist.get_backend() == "nccl":
+        tdist.distributed_c10d._abort_process_group()  # gpu-only: tests/machine/test_gpu_faults.py::test_sigstopped_rank_is_named_on_nccl
+    else:
         tdist.destroy_process_group()

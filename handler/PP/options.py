@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 
 from ..runtime.errors import need
-from ..train.options import Options, option
+from ..train.options import Options, at_least, option
 
 PP_SCHEDULES = ("gpipe", "1f1b")  # handler/PP/schedule.py
 
@@ -20,7 +20,7 @@ class PipelineOptions(Options):
     pp_split: str = option("time", choices=("params", "time"),
                            help="pp: cut the model where parameters balance, or where measured forward+backward "
                                 "time per block balances (timed once, cached in CKPT/pp_timing.json)")
-    microbatches: int = option(4, metavar="M",
+    microbatches: int = option(4, metavar="M", within=at_least(1),
                                help="pp: micro-batches per global batch; the pipeline bubble is (W-1)/(M+W-1)")
 
 
@@ -35,7 +35,6 @@ def check_options(cfg) -> None:
     else:
         units, what = len(blocks(model)), "blocks"
     w, m = cfg.world_size, pp.microbatches
-    need(m >= 1, f"--microbatches {m}: use 1 or more")
     need(cfg.batch_size % m == 0, f"--batch-size {cfg.batch_size} does not split into --microbatches {m} "
                                   f"equal micro-batches; use a multiple of {m}")
     need(cfg.batch_size // m >= 2, f"--batch-size {cfg.batch_size} in {m} micro-batches gives "

@@ -12,8 +12,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from ..runtime.errors import Stalled
 from ..runtime.names import H2D
 from ..runtime.nvtx import nvtx_range
+from ..runtime.phases import HERE
 
 
 class Loader(Protocol):
@@ -63,8 +65,27 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
+STALL_FACTOR = 2
+
+
+def stall_bound_s(dist_timeout: float) -> float:
+    """How long a rank may wait for one batch before it stops, naming its loader. Twice
+    --dist-timeout: a peer waiting on this rank names it (and its `data` phase) first, at
+    --dist-timeout (handler/DDP/peers.py); the bound is for when none does. A DataLoader with
+    workers keeps it itself (`timeout`: a worker hung in a read); with peers, the heartbeat
+    keeps it too, whatever the wait is blocked in (a worker stopped half-way through sending
+    a batch leaves the DataLoader reading the rest of it, where its timeout does not reach)."""
+    return STALL_FACTOR * dist_timeout
+
+
+def stalled_loader(waited_s: float) -> str:
+    return (f"stuck in {HERE}: its data loader gave no batch for {round(waited_s, 1):g} s (the bound is {STALL_FACTOR} x "
+            "--dist-timeout); a loader worker hangs (a read on a network filesystem, a deadlock) or was stopped")
+
+
 class DeviceLoader:
-    """Wraps a torch DataLoader to yield batches on `device`."""
+    """Wraps a torch DataLoader to yield batches on `device`. A DataLoader given a `timeout`
+    (stall_bound_s) that passes ends the run in one line naming the loader."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device):
         self.loader, self.device = loader, device
@@ -81,7 +102,12 @@ class DeviceLoader:
     def __iter__(self):
         batches = iter(self.loader)  # starts the workers: inside the loop's first wait for data
         for _ in range(len(self.loader)):
-            images, labels = next(batches)
+            try:
+                images, labels = next(batches)
+            except RuntimeError as err:
+                if "DataLoader timed out" not in str(err):
+                    raise
+                raise Stalled(stalled_loader(self.loader.timeout)) from None
             if self.copies:
                 with nvtx_range(H2D):  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
                     images = images.to(self.device, non_blocking=True)
@@ -107,8 +133,10 @@ def lab_loaders(get_loader, cfg, splits, *, pass_cfg: bool = False) -> Loaders:
     """A Strategy's make_loaders(cfg, splits) built on a loader with the lab's signature
     (get_DDP_loader, get_DALI_loader): the run's per-process batches, options and placement,
     passed as the lab's arguments and the harness's keyword extras (`pass_cfg`: the whole
-    config too, for get_DALI_loader's --dali-source and derived files)."""
-    extra = {"cfg": cfg} if pass_cfg else {}
+    config too, for get_DALI_loader's --dali-source and derived files; otherwise the stall
+    bound on one batch)."""
+    # get_DALI_loader reads --dali-source from the config; a DataLoader keeps the stall bound.
+    extra = {"cfg": cfg} if pass_cfg else {"stall_s": stall_bound_s(cfg.dist_timeout)}
     test, train, valid = get_loader(cfg.local_batch, cfg.local_batch, root=cfg.dataset_dir,
                                     valid_size=cfg.valid_size, valid_batch=cfg.local_batch, cutout=cfg.cutout,
                                     num_workers=cfg.workers, download=False, random_seed=cfg.seed,

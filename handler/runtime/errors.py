@@ -8,6 +8,11 @@ class UserError(Exception):
     """A problem the user can fix. The message says what is wrong and what to do."""
 
 
+class Stalled(UserError):
+    """This rank waited past a bound of its own (its data loader's): the stop's one line,
+    unless a peer explained the stop first (handler/DDP/peers.py)."""
+
+
 class StopRequested(Exception):
     """Raised after the stop checkpoint is written; the process exits with 128 + signum.
     Here, not in stopping.py, so that tools without torch (the report) start without it."""

@@ -11,6 +11,10 @@ copy as the `h2d` range nested inside it, and the profile report counts it as `h
   step waits for a timer and the shares describe the GPU's timeline (a data wait hidden
   behind queued kernels costs the GPU nothing and counts as nothing). The host's own wall
   clock runs beside them: `waited()`, the time the loop waited for batches.
+
+Every phase entered also moves this rank's `HERE` (epoch, step, phase, since when), which the
+DDP heartbeat publishes so that a rank the others wait on is named with its phase
+(handler/DDP/peers.py).
 """
 import time
 from typing import Callable, ContextManager
@@ -18,9 +22,55 @@ from typing import Callable, ContextManager
 import torch
 
 from . import nvtx
-from .names import DATA, LOOP_PHASES
+from .names import CHECKPOINT, DATA, LOOP_PHASES, PHASES, TEST, VALIDATE
 
 Phase = Callable[[str], ContextManager]  # PhaseTimer, or untimed
+STARTUP = "start-up"  # before the first epoch: building the model, the loaders, DDP's first broadcast
+# Where a rank can be, in the order it passes them: a step's phases, then the epoch's validation
+# and checkpoint; the test set after the last epoch.
+STAGES = (STARTUP, *PHASES, VALIDATE, CHECKPOINT, TEST)
+
+
+class Position:
+    """Where a rank's loop is: epoch, step, phase, and since when (wall clock, so another
+    host can tell how long)."""
+    __slots__ = ("epoch", "step", "phase", "since")
+
+    def __init__(self, epoch: int = -1, step: int = 0, phase: str = STARTUP, since: float = 0.0):
+        self.epoch, self.step, self.phase, self.since = epoch, step, phase, since or time.time()
+
+    def text(self) -> str:
+        return f"{self.epoch} {self.step} {self.phase} {self.since:.3f}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Position":
+        epoch, step, phase, since = text.split()
+        return cls(int(epoch), int(step), phase, float(since))
+
+    def order(self) -> tuple:
+        """Sorts as the loop passes positions: a step's phases share its number, validation
+        and the checkpoint come after the epoch's last step, the test after the last epoch."""
+        stage = STAGES.index(self.phase) if self.phase in STAGES else 0
+        if self.phase in PHASES:
+            return self.epoch, 0, self.step, stage
+        return (self.epoch if self.phase != TEST else float("inf")), stage, 0, 0
+
+    def __str__(self) -> str:
+        if self.phase == STARTUP:
+            return f"'{STARTUP}'"
+        step = f" step {self.step}" if self.phase in PHASES else ""
+        return f"'{self.phase}' at epoch {self.epoch}{step}"
+
+
+HERE = Position()  # this process's rank
+
+
+def entered(phase: str) -> None:
+    HERE.phase, HERE.since = phase, time.time()
+
+
+def at_step(epoch: int, step: int) -> None:
+    HERE.epoch, HERE.step = epoch, step
 
 
 class PhaseTimer:
@@ -62,6 +112,7 @@ class _WallSpan:
         self.timer, self.phase = timer, phase
 
     def __enter__(self):
+        entered(self.phase)
         self.ranged = nvtx.push(self.phase)
         self.start = time.perf_counter()
 

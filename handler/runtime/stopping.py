@@ -13,6 +13,13 @@ import torch.distributed as tdist
 from . import dist
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received = 0  # the first stop signal this process got, for the heartbeat (handler/DDP/peers.py)
+
+
+def received() -> int:
+    """The stop signal this process got (0: none). A rank whose launcher is ending it has
+    nothing to add about peers that vanish meanwhile: the launcher's cause explains it."""
+    return _received
 
 
 class StopFlag:
@@ -24,7 +31,9 @@ class StopFlag:
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
 
     def _on_signal(self, signum, frame):
+        global _received
         self.signum = self.signum or signum
+        _received = _received or signum
 
     def should_stop(self) -> bool:
         """Call once per step on every rank; answers the same on every rank."""

@@ -16,7 +16,8 @@ from ..data.dataset import DEFAULT_DATA, named
 from ..runtime.errors import UserError, need
 from .capture import check_profile_epochs
 from .mode import Mode
-from .options import Options, add_section, changed, flat, option, refusal, section_values, unique
+from .options import (Options, Range, above, add_section, at_least, changed, flat, option, out_of_range, refusal,
+                      section_values, unique)
 
 CPU_DEFAULT_PROCS = 2
 S = TypeVar("S", bound=Options)
@@ -37,14 +38,15 @@ class RunOptions(Options):
                                    help="resume from PATH, or from CKPT/last.pt when no path is given")
     overwrite: bool = option(False, help="start afresh even though --ckpt holds an earlier run's last.pt, "
                                          "replacing it")
-    nan_patience: int = option(20, metavar="N",
+    nan_patience: int = option(20, metavar="N", within=at_least(1, "use 1 or more steps"),
                                help="with --amp fp16, stop after N non-finite losses in a row (GradScaler skips "
                                     "some steps on purpose); other runs stop at the first one")
-    seed: int = option(0)
+    seed: int = option(0, within=at_least(0, "use a seed of 0 or more"))
     metrics: str = option("", help="metrics JSON path (default CKPT/metrics.json)")
     host: str = option("127.0.0.1", "--host", "--ip", help="rendezvous address for spawned runs (--ip: the kit's name)")
-    port: int = option(0, help="rendezvous port (default: a free one)")
-    dist_timeout: float = option(120.0, help="seconds a rank waits for a missing peer before failing")
+    port: int = option(0, within=Range(0, 65535, fix="use 1..65535, or 0 for a free port"),
+                       help="rendezvous port (default: a free one)")
+    dist_timeout: float = option(120.0, within=above(0, "use a positive number of seconds"), help="seconds a rank waits for a missing peer before failing")
     progress: bool = option(True, "--no-progress", action="store_false",
                             help="no progress bars (logs stay one line per epoch)")
 
@@ -57,29 +59,30 @@ class DataOptions(Options):
     dataset: str = option("auto", choices=("auto", "cifar10", "synthetic"),
                           help="cifar10 (download if absent), synthetic, or auto: cifar10 if "
                                "present or downloadable, else synthetic")
-    synthetic_train: int = option(10000, help="training images in a generated synthetic dataset")
-    synthetic_test: int = option(2000, help="test images in a generated synthetic dataset")
-    batch_size: int = option(256, help="GLOBAL batch size; each of W processes gets batch/W")
-    workers: int = option(2, help="DataLoader workers or DALI threads per process")
-    valid_size: int = option(5000, help="training images held out for validation (0 = none)")
-    cutout: int = option(0, help="cutout size in pixels (0 = off)")
+    synthetic_train: int = option(10000, within=at_least(10), help="training images in a generated synthetic dataset")
+    synthetic_test: int = option(2000, within=at_least(1), help="test images in a generated synthetic dataset")
+    batch_size: int = option(256, within=at_least(1, "use a positive batch size"), help="GLOBAL batch size; each of W processes gets batch/W")
+    workers: int = option(2, within=at_least(0), help="DataLoader workers or DALI threads per process")
+    valid_size: int = option(5000, within=at_least(0, "use 0 (none) or more"), help="training images held out for validation (0 = none)")
+    cutout: int = option(0, within=Range(0, 32, fix="use 0 (off) to 32 pixels"), help="cutout size in pixels (0 = off)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimOptions(Options):
     TITLE = "optimisation"
     model: str = option("resnet18", help="resnet18 (default), resnet20 or fastnet, see models/")
-    epochs: int = option(30)
-    stop_after: int = option(0, metavar="N",
+    epochs: int = option(30, within=at_least(1, "train for at least 1 epoch"))
+    stop_after: int = option(0, metavar="N", within=at_least(0, "use 0 (off) or a positive epoch count"),
                              help="end this run after N more epochs, keeping the --epochs schedule "
                                   "(for time-boxed jobs; continue later with --resume)")
-    lr: float = option(0.1, help="peak learning rate (SGD, cosine)")
-    momentum: float = option(0.9)
-    weight_decay: float = option(5e-4, "--weight-decay", "--decay", help="SGD weight decay (--decay: the kit's name)")
+    lr: float = option(0.1, within=above(0, "the learning rate must be a positive finite number"), help="peak learning rate (SGD, cosine)")
+    momentum: float = option(0.9, within=Range(0, 1, high_open=True))
+    weight_decay: float = option(5e-4, "--weight-decay", "--decay", within=at_least(0),
+                                 help="SGD weight decay (--decay: the kit's name)")
     amp: str = option("off", choices=("off", "bf16", "fp16"),
                       help="mixed precision: bf16 autocast, or fp16 autocast with GradScaler (GPU)")
     channels_last: bool = option(False, help="NHWC memory format")
-    accum_steps: int = option(1, help="split each batch into K micro-batches (gradient accumulation)")
+    accum_steps: int = option(1, within=at_least(1), help="split each batch into K micro-batches (gradient accumulation)")
     activation_checkpointing: bool = option(False, help="recompute each ResNet stage's activations in "
                                                         "backward (less memory)")
     sync_bn: bool = option(False, help="SyncBatchNorm across ranks (DDP modes, GPU only)")
@@ -220,16 +223,11 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     """Check everything that can be checked before any process starts: the shared sections
     here, then the refusal of other modes' options, then the mode's own rules (Mode.check)."""
     mode = modes[cfg.mode]
-    need(cfg.epochs >= 1, f"--epochs {cfg.epochs}: train for at least 1 epoch")
-    need(cfg.stop_after >= 0, f"--stop-after {cfg.stop_after}: use 0 (off) or a positive epoch count")
+    for options in (cfg, *cfg.sections):  # every numeric option, first: the rules below assume them in range
+        bad = out_of_range(options)
+        need(bad is None, str(bad))
     _check_batch(cfg, mode)
-    need(cfg.lr > 0, f"--lr {cfg.lr}: the learning rate must be positive")
-    need(cfg.workers >= 0, f"--workers {cfg.workers}: use 0 or more")
-    need(cfg.valid_size >= 0, f"--valid-size {cfg.valid_size}: use 0 (none) or more")
-    need(0 <= cfg.cutout <= 32, f"--cutout {cfg.cutout}: use 0 (off) to 32 pixels")
-    need(cfg.synthetic_train >= 10 and cfg.synthetic_test >= 1,
-         "--synthetic-train needs at least 10 images and --synthetic-test at least 1")
-    need(cfg.accum_steps >= 1 and cfg.local_batch % cfg.accum_steps == 0,
+    need(cfg.local_batch % cfg.accum_steps == 0,
          f"--accum-steps {cfg.accum_steps} must divide the per-process batch {cfg.local_batch}")
     need(cfg.amp != "fp16" or cfg.use_cuda, "--amp fp16 needs a GPU; use --amp bf16 on CPU")
     need(not cfg.sync_bn or mode.sync_bn,
@@ -241,11 +239,8 @@ def validate(cfg: Config, modes: Mapping[str, Mode]) -> None:
     check_profile_epochs(cfg.profile_epochs, cfg.epochs)
     need(not (cfg.save_ckpt and cfg.save == "none"), "--save_ckpt saves checkpoints and --save none saves nothing: "
                                                      "pass one of them")
-    need(cfg.nan_patience >= 1, f"--nan-patience {cfg.nan_patience}: use 1 or more steps")
     need(not (cfg.overwrite and cfg.resume is not None),
          "--overwrite starts afresh and --resume continues: pass one of them")
-    need(cfg.dist_timeout > 0, "--dist-timeout must be positive seconds")
-    need(0 <= cfg.port < 65536, f"--port {cfg.port}: use 1..65535, or 0 for a free port")
     from models import MODELS
     need(cfg.model in MODELS, f"--model {cfg.model!r} is unknown; choose one of: "
                               f"{', '.join(sorted(MODELS))}")
@@ -270,7 +265,6 @@ def _refuse_emulated_bf16(cfg: Config, mode: Mode) -> None:
 
 def _check_batch(cfg: Config, mode: Mode) -> None:
     """The global batch splits evenly over the processes, or over DataParallel's devices."""
-    need(cfg.batch_size >= 1, f"--batch-size {cfg.batch_size}: use a positive batch size")
     parts = cfg.num_gpu if mode.one_process else (cfg.world_size if cfg.batch_split else 1)
     need(cfg.batch_size % parts == 0,
          f"--batch-size {cfg.batch_size} is the global batch and must split evenly over "

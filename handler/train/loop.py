@@ -17,7 +17,7 @@ from ..runtime import dist
 from .model_options import cross_entropy
 from ..runtime.names import BACKWARD, BATCH, DATA, EPOCH, FORWARD, OPTIMIZER
 from ..runtime.nvtx import nvtx_range
-from ..runtime.phases import Phase, PhaseTimer, untimed
+from ..runtime.phases import Phase, PhaseTimer, at_step, untimed
 
 
 def sync(device: torch.device) -> None:
@@ -74,6 +74,7 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
     # DataLoader starts its workers), so every mode pays for it inside the epoch; it
     # counts as waiting for data.
     start = time.perf_counter()
+    at_step(epoch, start_step)
     with nvtx_range(EPOCH(epoch)):
         with phase(DATA):
             loader.set_epoch(epoch)
@@ -85,6 +86,7 @@ def train_epoch(step: Step, loader, epoch: int, device: torch.device, bar, *, st
             if stop.should_stop():
                 stopped_at = i
                 break
+            at_step(epoch, i)
             with nvtx_range(BATCH(i)):
                 with phase(DATA):
                     images, labels = next(batches)

@@ -6,19 +6,54 @@ own declares its section in its options.py and names it in its Mode (handler/tra
 """
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Sequence, Type, TypeVar
+from typing import Any, ClassVar, Iterable, Optional, Sequence, Type, TypeVar
 
 S = TypeVar("S", bound="Options")
 
 
-def option(default: Any, *flags: str, help: str = "", cli_default: Any = ..., **argparse_kwargs: Any) -> Any:
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric option takes: finite, from `low` to `high` (None: unbounded),
+    either end left out when open. `fix` replaces the generic advice where the reason is
+    worth saying."""
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    fix: str = ""
+
+    def holds(self, value: float) -> bool:
+        return (math.isfinite(value)
+                and (self.low is None or value > self.low or (value == self.low and not self.low_open))
+                and (self.high is None or value < self.high or (value == self.high and not self.high_open)))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'above' if self.low_open else 'at least'} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+def at_least(low: float, fix: str = "") -> Range:
+    return Range(low, fix=fix)
+
+
+def above(low: float, fix: str = "") -> Range:
+    return Range(low, low_open=True, fix=fix)
+
+
+def option(default: Any, *flags: str, help: str = "", cli_default: Any = ..., within: Optional[Range] = None,
+           **argparse_kwargs: Any) -> Any:
     """A field with its command line: `flags` (default `--the-name`), `help`, and any other
     argparse keyword. `cli_default` is what the parser gives when the flag is absent, where
-    that differs from the field's default (None: resolved later by parse_config)."""
+    that differs from the field's default (None: resolved later by parse_config). `within`:
+    a numeric option's range, checked with every other before any process starts (out_of_range)."""
     meta = {"flags": flags, "help": help, "argparse": argparse_kwargs}
     if cli_default is not ...:
         meta["cli_default"] = cli_default
+    if within is not None:
+        meta["within"] = within
     return field(default=default, metadata=meta)
 
 
@@ -55,6 +90,18 @@ def add_section(parser: argparse.ArgumentParser, section: type, overrides: dict)
         elif isinstance(f.default, (int, float)) and "type" not in kwargs:
             kwargs["type"] = type(f.default)
         group.add_argument(*flags_of(f), **kwargs)
+
+
+def out_of_range(options: Any) -> Optional[str]:
+    """The first numeric option of `options` (a section, or a Config) outside its range, as
+    the line that names it and its range; None when all hold."""
+    for f in dataclasses.fields(options):
+        within, value = f.metadata.get("within"), getattr(options, f.name)
+        if within is not None and value is not None and not within.holds(value):
+            shown = f"{value:g}" if isinstance(value, float) else value
+            kind = "a finite number" if isinstance(value, float) else "a whole number"
+            return f"{flags_of(f)[0]} {shown}: {within.fix or f'use {kind} {within}'}"
+    return None
 
 
 def section_values(section: type, values: dict) -> dict:

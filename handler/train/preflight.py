@@ -1,5 +1,6 @@
 """Checks run once, before any worker starts, so bad input fails fast and in one line."""
 import datetime
+import json
 import os
 import socket
 import tempfile
@@ -18,6 +19,22 @@ def _writable_dir(path: str, flag: str) -> None:
     except OSError as err:
         raise UserError(f"{flag} {path} is not writable ({err.strerror}); choose a writable "
                         f"directory with {flag}") from None
+
+
+def _metrics_target(path: str) -> None:
+    """--metrics is rewritten every epoch: it may replace only a metrics file of ours (an
+    earlier run's, a resumed one's), never a checkpoint or any other file."""
+    if not os.path.lexists(path):
+        return
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        ours = isinstance(data, dict) and {"schema", "config", "epochs"} <= data.keys()
+    except (OSError, UnicodeDecodeError, ValueError):
+        ours = False
+    if not ours:
+        raise UserError(f"--metrics {path} already exists and is not a metrics file of this harness "
+                        "(it would be overwritten); choose another --metrics path")
 
 
 def _check_port(host: str, port: int) -> None:
@@ -55,6 +72,7 @@ def preflight(cfg, mode, *, spawning: bool, restarted: bool = False):
         _writable_dir(cfg.ckpt, "--ckpt")
         _earlier_run(cfg, restarted)
     _writable_dir(os.path.dirname(os.path.abspath(cfg.metrics)), "--metrics")
+    _metrics_target(cfg.metrics)
     mode.preflight(cfg)
     check_machine(cfg, mode.one_process)
     ckpt = None

@@ -18,6 +18,7 @@ from .loop import train_epoch
 from .strategy import Strategy
 from ..runtime.names import CHECKPOINT, EPOCH, TEST, VALIDATE
 from ..runtime.nvtx import nvtx_range
+from ..runtime.phases import entered
 from ..runtime.stopping import StopFlag
 
 
@@ -72,6 +73,7 @@ def _save_and_stop(run: Run, epoch: int, stopped_at: int, stop: StopFlag) -> Non
 def _validate(run: Run) -> dict:
     if run.loaders.valid is None:  # --valid-size 0
         return {"loss": None, "acc": None, "samples": 0}
+    entered(VALIDATE)
     return run.evaluate(run.loaders.valid, VALIDATE)
 
 
@@ -87,6 +89,7 @@ def _record(run: Run, record: dict) -> bool:
 
 
 def _test(run: Run) -> dict:
+    entered(TEST)
     test = run.evaluate(run.loaders.test, TEST)
     run.capture.close_run()
     total = time.perf_counter() - run.started
@@ -132,6 +135,7 @@ def _save(cfg, state, *, raw, optimizer, scheduler, scaler, epochs_done, step, b
         raise Diverged(f"the weights hold NaN/inf after epoch {epochs_done}, step {step}; nothing was saved "
                        f"and {os.path.join(cfg.ckpt, 'last.pt')} keeps the last good state: lower --lr "
                        "(or use --amp bf16) and continue with --resume")
+    entered(CHECKPOINT)
     with nvtx_range(CHECKPOINT):
         os.makedirs(cfg.ckpt, exist_ok=True)
         captured = state.capture(cfg, raw, optimizer, tag=f"e{epochs_done}s{step}")

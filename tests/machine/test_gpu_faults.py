@@ -11,8 +11,9 @@ import socket
 
 import pytest
 
-from tests.faults.test_faults import (LONG, NAMED_WITHIN, STOP_TIMEOUT, alive, descendants, finish, none_alive,
-                                        output, ranks_of, start, wait_for_text)
+from tests.faults.test_faults import (LONG, NAMED_WITHIN, STOP_TIMEOUT, alive, descendants, finish, killer_cleanup,  # noqa: F401 - a fixture
+                                        none_alive, output, ranks_of, start, wait_for_text)
+from tests.faults.test_stalled_rank import stalled_loader_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2)]
 
@@ -45,3 +46,11 @@ def test_sigstopped_rank_is_named_on_nccl(data_root, tmp_path):
     assert f"lost rank 1 ({socket.gethostname()})" in lines[0]
     assert (tmp_path / "flight_recorder" / "rank_0").stat().st_size > 0
     assert none_alive(family), "orphaned processes left behind"
+
+
+def test_a_rank_whose_loader_worker_is_stopped_is_named_with_its_phase_on_nccl(data_root, tmp_path, killer_cleanup):
+    """The CPU twin's case on NCCL (tests/faults/test_stalled_rank.py): the verdict is the
+    heartbeat thread's, so rank 0 names rank 1 and 'data' though its collectives never return
+    to Python; NCCL's watchdog (--dist-timeout + 30 s) never fires first."""
+    text = stalled_loader_run(data_root, tmp_path, killer_cleanup, start_budget=60)
+    assert "SIGABRT" not in text and "Watchdog caught collective operation timeout" not in text

@@ -10,6 +10,7 @@ reference runs, started as the cluster comes up, fill that time (the step is CPU
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -122,6 +123,51 @@ def test_a_sigstopped_rank_on_another_host_is_named_with_its_host_and_ends_the_j
         if workers[0] in cluster.processes("node2"):
             os.kill(workers[0], signal.SIGKILL)
             os.kill(workers[0], signal.SIGCONT)
+    cluster.wait_no_job_processes(["node1", "node2"], limit=30)
+
+
+# A rank alive but stuck on another host: its data loader's worker on node2 is stopped (a read
+# hanging on a network filesystem). The rank still beats; it publishes its phase, and rank 0,
+# waiting on it for --dist-timeout, names it (handler/DDP/peers.py). Before: "a collective
+# failed ... but every peer still answers", and nothing named rank 1 or node2.
+STUCK_NAMED_S = DIST_TIMEOUT + 30
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:  # ended since it was listed
+        return 0
+
+
+def test_a_rank_stuck_in_its_data_loader_on_another_host_is_named_with_its_phase(cluster, tmp_path):
+    job = cluster.submit(tmp_path, ["--mode", "ddp", "--epochs", 6, "--dist-timeout", DIST_TIMEOUT,
+                                    "--workers", 1, "--valid-size", 0],
+                         sbatch=["--no-requeue"], env={"NPROC_PER_NODE": "1"})
+    job.wait_for(r"steps/epoch")
+    loaders = []
+    while not loaders:  # the rank's loader worker, forked by it (same command line) once its epoch starts
+        ranks = {pid for pid, cmd in cluster.processes("node2").items()
+                 if "train_cifar.py" in cmd and not any(agent in cmd for agent in TORCHRUN_AGENTS)}
+        loaders = [pid for pid in ranks if _parent(pid) in ranks]
+        job.wait_for(r"steps/epoch", limit=1)  # the job still runs
+        time.sleep(0.2)
+    for pid in loaders:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        took = job.finish()
+        said = [line for line in job.output().splitlines() if re.match(r"rank \d+ \(node\d\): ", line)]
+        assert not job.succeeded and took < STUCK_NAMED_S, job_failed(job, f"ended {job.state} after {took:.0f} s")
+        assert len(said) == 1, job_failed(job, "not one line explaining the stop")
+        assert said[0].startswith("rank 0 (node1): rank 1 (node2) is stuck in 'data' at epoch "), said[0]
+        assert "(its data loader)" in said[0] and "flight recorder: " in said[0], said[0]
+        assert "Traceback" not in job.output(), job_failed(job, "a traceback")
+    finally:
+        for pid in loaders:
+            if pid in cluster.processes("node2"):
+                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGCONT)
     cluster.wait_no_job_processes(["node1", "node2"], limit=30)
 
 
