@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from handler.DDP import flight_recorder, processes, run
+from handler.DDP import flight_recorder, run, utils
 from handler.modes import parse_config
 from handler.runtime.errors import StopRequested, UserError
 from tests.conftest import SMALL
@@ -37,7 +37,7 @@ def teardown_seen(monkeypatch, capsys):
 
     def watched(**kwargs):
         calls.append((capsys.readouterr().err, kwargs.get("abort", False), tdist.is_initialized()))
-        processes.destroy_process(**kwargs)
+        utils.destroy_process(**kwargs)
     monkeypatch.setattr(run, "destroy_process", watched)
     return calls
 
