@@ -66,6 +66,47 @@ capture_window() {
     fi
 }
 
+# A process's start time (clock ticks after boot), which tells a reused PID; empty once it is gone.
+start_of() { awk '{ sub(/^.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }
+
+# "pid start-time" of each agent that the nsys client PID started: nsys_agents_of PID START,
+# START no later than the client's start_of. nsys 2022.4 starts its agent as a daemon (parent init, a
+# session of its own), so it is outside the client's process tree; the agent's --session-name
+# ends in the client's PID (profile-<program>-<PID>). An agent started before the client is
+# another's. Left alive, an agent stays until the machine reboots.
+nsys_agents_of() {
+    local client="$1" client_start="$2" file pid start
+    [[ -n $client_start ]] || return 0
+    for file in $(grep -lszx -e "--session-name=.*-$client" /proc/[0-9]*/cmdline); do
+        grep -qszx -e "--start-agent" "$file" || continue
+        pid=${file#/proc/}; pid=${pid%/cmdline}
+        start="$(start_of "$pid")"
+        [[ -n $start ]] && (( start >= client_start )) && echo "$pid $start"
+    done
+}
+
+# One tiny run, `nsys profile FLAGS... true`, into DIR/probe.*: nsys_probe DIR FLAGS...; what
+# nsys printed goes to DIR/out, and its exit status is returned. Stopped after
+# NSYS_PROBE_TIMEOUT_S (120). After so short a run nsys 2022.4 sometimes leaves its agent
+# running (seen here: one agent per probe, for hours), so the agent of this nsys is ended by PID.
+nsys_probe() {
+    local dir="$1" pid since status=0 ticks=0 agent start
+    shift
+    since="$(start_of self)"  # now (awk's own start): a fast nsys may be gone before it is read
+    nsys profile "$@" --trace=none --sample=none --cpuctxsw=none --force-overwrite=true \
+        --output "$dir/probe" true >"$dir/out" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null && (( ticks < ${NSYS_PROBE_TIMEOUT_S:-120} * 10 )); do
+        sleep 0.1; ticks=$((ticks + 1))
+    done
+    kill "$pid" 2>/dev/null  # still running past the limit
+    wait "$pid" || status=$?
+    while read -r agent start; do
+        [[ -n $agent && $(start_of "$agent") == "$start" ]] && kill -KILL "$agent" 2>/dev/null
+    done < <(nsys_agents_of "$pid" "$since")
+    return $status
+}
+
 # GPU metrics sampling (GPU_METRICS=1): SM active/issue/occupancy, DRAM and PCIe per GPU.
 # nsys renamed the flag: --gpu-metrics-device (2021.2-2023.x), --gpu-metrics-devices (2024.x on).
 # A short probe run finds out whether the driver grants counter access (ERR_NVGPUCTRPERM)
@@ -86,8 +127,8 @@ gpu_metrics_options() {
     fi
     local status=0 failure
     probe="$(mktemp -d)"
-    out="$(nsys profile "$flag=all" --trace=none --sample=none --cpuctxsw=none --force-overwrite=true \
-           --output "$probe/probe" true 2>&1)" || status=$?
+    nsys_probe "$probe" "$flag=all" || status=$?
+    out="$(cat "$probe/out")"
     made="$(compgen -G "$probe/probe.*rep" || true)"
     rm -rf "$probe"
     # nsys's own failure messages only: a line about "non-fatal errors" (its importer's
@@ -114,8 +155,8 @@ nsys_makes_reports() {
         return 1
     fi
     probe="$(mktemp -d)"
-    out="$(timeout "${NSYS_PROBE_TIMEOUT_S:-120}" nsys profile --trace=none --sample=none --cpuctxsw=none \
-           --force-overwrite=true --output "$probe/probe" true 2>&1)" || status=$?
+    nsys_probe "$probe" || status=$?
+    out="$(cat "$probe/out")"
     made="$(compgen -G "$probe/probe.*rep" || true)"
     rm -rf "$probe"
     if [[ -z $made ]]; then

@@ -42,24 +42,10 @@ tree() {
               for (p in parent) if (p in keep) print p, start[p] }'
 }
 
-# A process's start time (clock ticks after boot), which tells a reused PID; empty once it is gone.
-start_of() { awk '{ sub(/^.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }
-
-# "pid start-time" of each agent this nsys started. nsys 2022.4 starts its agent as a daemon
-# (parent init, a session of its own), so it is not in `tree`; the agent's --session-name ends
-# in the nsys client's PID (profile-<program>-<PID>). An agent started before nsys is another's.
-# Left alive after a killed nsys, an agent stays until the machine reboots.
-agents() {
-    local file pid start root_start
-    root_start="$(start_of "$root")"
-    [[ -n $root_start ]] || return 0
-    for file in $(grep -lszx -e "--session-name=.*-$root" /proc/[0-9]*/cmdline); do
-        grep -qszx -e "--start-agent" "$file" || continue
-        pid=${file#/proc/}; pid=${pid%/cmdline}
-        start="$(start_of "$pid")"
-        [[ -n $start ]] && (( start >= root_start )) && echo "$pid $start"
-    done
-}
+# start_of and nsys_agents_of: the agents this nsys started (nsys 2022.4's agent is a daemon
+# outside nsys's process tree).
+source "$(dirname "${BASH_SOURCE[0]}")/nsys_options.sh"
+agents() { nsys_agents_of "$root" "$(start_of "$root")"; }
 
 # One line per thread of the processes in `tree` output (stdin): "t TID NS", the nanoseconds
 # it has run or waited to run (without schedstat: "t PID NS" from the process's CPU ticks,

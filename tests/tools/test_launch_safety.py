@@ -233,3 +233,37 @@ def test_the_lab_nsys_options_do_not_wait_for_a_process_the_program_left_behind(
     orphan = int(pid_file.read_text())
     if process_exists(orphan):  # a sleep this test started
         os.kill(orphan, 9)
+
+
+PROBE_NSYS = f"""#!/bin/bash
+# nsys stand-in for the probes: makes the report, and leaves its agent running as nsys 2022.4
+# sometimes does after a tiny run (a daemon whose --session-name ends in this nsys's PID).
+[[ $1 == profile ]] || exit 1
+while [[ $# -gt 1 ]]; do [[ $1 == --output ]] && out=$2; shift; done
+(setsid "{sys.executable}" -c "import time; time.sleep(3600)" --start-agent \\
+    --session-name="profile-true-$$" </dev/null >/dev/null 2>&1 & echo $! >"$PROBE_AGENT_PID")
+echo report >"$out.nsys-rep"
+"""
+
+
+@pytest.mark.parametrize("probe", ["nsys_makes_reports", "gpu_metrics_options"])
+def test_an_nsys_probe_ends_the_agent_its_tiny_run_left_behind(tmp_path, probe):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "nsys").write_text(PROBE_NSYS)
+    (folder / "nsys").chmod(0o755)
+    agent = tmp_path / "agent.pid"
+    env = {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "PROBE_AGENT_PID": str(agent)}
+    if probe == "gpu_metrics_options":  # the probe runs only where nsys has the option
+        (folder / "nsys").write_text(PROBE_NSYS.replace("[[ $1 == profile ]] || exit 1",
+                                                        '[[ $2 == --help ]] && { echo "--gpu-metrics-device"; exit 0; }\n'
+                                                        "[[ $1 == profile ]] || exit 1"))
+    try:
+        run = subprocess.run(["bash", "-c", f'source "{REPO / "scripts" / "nsys_options.sh"}" && {probe}'],
+                             env=env, capture_output=True, text=True, timeout=60)
+        left = process_exists(int(agent.read_text()))
+    finally:  # the stand-in agent, if the probe missed it
+        if agent.exists() and process_exists(int(agent.read_text())):
+            os.kill(int(agent.read_text()), signal.SIGKILL)
+    assert run.returncode == 0, run.stderr
+    assert not left, "the probe's nsys left its agent running"
