@@ -4,7 +4,7 @@ import dataclasses
 import os
 import socket
 
-from ..runtime import dist, rank0
+from ..runtime import dist, rank0, stopping
 from ..modes import validate
 from ..data.dataset import data_lock, prepare_dataset
 from ..runtime.errors import StopRequested, one_line_errors
@@ -21,7 +21,8 @@ def worker(proc_id: int, cfg, strategy) -> None:
     try:
         with one_line_errors(f"rank {os.environ.get('RANK', proc_id)} ({socket.gethostname()})"):
             try:
-                _train(proc_id, cfg, strategy)
+                with stopping.quiet_once_ended():
+                    _train(proc_id, cfg, strategy)
             except StopRequested:  # every rank stopped at the same step and saved: nothing is pending
                 ended_well = True
                 raise

@@ -6,11 +6,14 @@ stops after the same step (a rank stopping alone would hang the others in DDP's
 all-reduce) and the GPU stream is never synchronised for it.
 """
 import signal
+import sys
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as tdist
 
 from . import dist
+from .errors import StopRequested
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received = 0  # the first stop signal this process got, for the heartbeat (handler/DDP/peers.py)
@@ -20,6 +23,20 @@ def received() -> int:
     """The stop signal this process got (0: none). A rank whose launcher is ending it has
     nothing to add about peers that vanish meanwhile: the launcher's cause explains it."""
     return _received
+
+
+@contextmanager
+def quiet_once_ended():
+    """A rank its launcher is ending (a stop signal received, the graceful stop not reached)
+    exits with 128 + that signal and no traceback, whatever breaks meanwhile: its loader
+    workers are ended with it (the DataLoader then raises "worker ... killed by signal") and
+    its connections close under it. The launcher's line explains the stop."""
+    try:
+        yield
+    except Exception as err:
+        if not _received or isinstance(err, StopRequested):
+            raise
+        sys.exit(128 + _received)
 
 
 class StopFlag:

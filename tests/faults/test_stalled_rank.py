@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from handler.DDP import peers
 from handler.data.loaders import DeviceLoader
-from handler.runtime import dist
-from handler.runtime.errors import Stalled
+from handler.runtime import dist, stopping
+from handler.runtime.errors import Stalled, StopRequested
 from handler.runtime.phases import Position
 from tests.conftest import ROOT, SMALL
 from tests.dist_workers import alive
@@ -162,3 +162,20 @@ def test_only_the_first_rank_to_explain_a_stop_says_it(fresh_report, monkeypatch
         for link in links:
             link.close()
     assert dist.HOSTS[1] == "node2"
+
+
+def test_a_rank_its_launcher_is_ending_exits_quietly_whatever_breaks_meanwhile(monkeypatch):
+    # Under torchrun, a stuck rank's SIGTERM also ends its loader workers; the DataLoader then
+    # raised "worker ... killed by signal" as a traceback beside the one line that explained the stop.
+    monkeypatch.setattr(stopping, "_received", signal.SIGTERM)
+    with pytest.raises(SystemExit) as ended:
+        with stopping.quiet_once_ended():
+            raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated.")
+    assert ended.value.code == 128 + signal.SIGTERM
+    with pytest.raises(StopRequested):  # the graceful stop keeps its own exit
+        with stopping.quiet_once_ended():
+            raise StopRequested(signal.SIGTERM)
+    monkeypatch.setattr(stopping, "_received", 0)
+    with pytest.raises(RuntimeError):  # without a stop signal a failure is still a failure
+        with stopping.quiet_once_ended():
+            raise RuntimeError("a real bug")
