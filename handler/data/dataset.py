@@ -74,7 +74,12 @@ def prepare_dataset(cfg):
 @contextmanager
 def data_lock(cfg):
     """Serialise dataset preparation between processes that share cfg.data and have no
-    process group yet (torchrun workers): the first prepares, the rest find it done."""
+    process group yet (torchrun workers): the first prepares, the rest find it done. Data
+    already there needs no preparing, and its folder gets no lock file: a folder the user
+    named is never written into (docs/DATA.md)."""
+    if cfg.dataset != "synthetic" and has_cifar(cfg.data):
+        yield
+        return
     os.makedirs(cfg.data, exist_ok=True)
     with open(os.path.join(cfg.data, ".prepare.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -97,3 +97,13 @@ def test_decoded_pngs_are_cached_outside_the_tree_and_a_changed_file_is_read_aga
         f.write(b"not a png")
     with pytest.raises(UserError, match="is not a readable image"):
         read_split(split)
+
+
+@pytest.mark.parametrize("layout", ["ddp", "ddp_dali"])
+def test_torchrun_workers_read_data_already_there_without_a_lock_file_in_its_folder(tmp_path, layout):
+    from handler.data.dataset import data_lock
+    folder = write_layouts(tmp_path)[layout]
+    before = sorted(os.listdir(folder))
+    with data_lock(Config(data=folder, dataset="auto")):
+        pass
+    assert sorted(os.listdir(folder)) == before
