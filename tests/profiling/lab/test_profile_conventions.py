@@ -164,7 +164,7 @@ def test_the_lab_page_over_a_kit_layout_folder_of_three_modes_and_two_counts(tmp
         assert r["verdict"]["line"] in page and "the epoch takes at least" in r["verdict"]["line"]
         assert r["figure"]["bands"] and all(b["steps"] > 0 for b in r["figure"]["bands"])
         assert r["speedup"] == pytest.approx(1.0)  # the same export in every cell
-    assert "| mode | 1 GPU | 2 GPU |" in page and "## Copies" in page and "## Per GPU" in page
+    assert "| mode | 1 GPU | 2 GPUs |" in page and "## Copies" in page and "## Per GPU" in page
 
 
 def test_the_bound_takes_the_larger_of_the_step_range_and_the_gpu_busy_time():
