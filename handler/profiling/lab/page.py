@@ -95,7 +95,7 @@ def verdict(summary: dict) -> dict:
         return {"bound_s": None, "line": "no steps inside an epoch in this report: no bound"}
     epoch_s, per_epoch = loop["epochs_s"] / epochs, steps / epochs
     inside, between, step = loop["inside_steps_ms"], loop["between_steps_ms"] or 0.0, loop["step_mean_ms"]
-    busy = _busy_share(summary, rank)
+    busy = _busy_share(summary)
     busy_ms = None if busy is None else busy * step  # the GPU's busy time over the epochs, per step
     per_step = max(inside, busy_ms or 0.0)
     bound = per_epoch * per_step / 1e3
@@ -116,14 +116,11 @@ def verdict(summary: dict) -> dict:
                     f"({per_epoch:g} steps x {per_step:.1f} ms) of the {epoch_s:.3g} s measured"}
 
 
-def _busy_share(summary: dict, rank: dict) -> float | None:
-    """The busiest of the rank's GPUs (every GPU where the rank names none): the share of the
-    epochs its kernels kept it busy. None without GPU activity."""
-    gpus = summary.get("gpus") or ()
-    own = set((rank.get("gpu") or {}).get("devices") or ())
-    shares = [g["kernel_busy_share"] for g in gpus if g["kernel_busy_share"] is not None
-              and (not own or g["device"] in own)]
-    return max(shares, default=None)
+def _busy_share(summary: dict) -> float | None:
+    """The busiest GPU's share of the epochs that its kernels kept it busy: the ranks of a
+    synchronous job wait for it every step. None without GPU activity."""
+    return max((g["kernel_busy_share"] for g in summary.get("gpus") or () if g["kernel_busy_share"] is not None),
+               default=None)
 
 
 def _share(part: float, whole: float) -> str:
