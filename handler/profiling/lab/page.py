@@ -153,22 +153,26 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
     for entry, export in zip(entries, exports):
         trace = load_trace(sqlite_export(entry["report"], out / "exports" / export), convention)
         summary = summarize(trace)
-        ran_gpus = len(summary["gpus"] or ())
-        gpus = entry["gpus"] or ran_gpus or len(summary["ranks"])
+        ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
+        gpus = entry["gpus"] or ran_gpus or processes
         unit = "GPU" if ran_gpus else "CPU process"
-        ran = _count(ran_gpus, "GPU") if ran_gpus and ran_gpus == len(summary["ranks"]) else \
-            f"{_count(len(summary['ranks']), 'process')} on {_count(ran_gpus, 'GPU')}" if ran_gpus else \
-            _count(len(summary["ranks"]), "CPU process")
-        rows.append({"report": str(entry["report"]), "mode": entry["mode"], "gpus": gpus, "unit": unit,
-                     "cell": _count(gpus, unit), "ran": ran, "processes": len(summary["ranks"]), "gpus_ran": ran_gpus,
-                     "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
-                     "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
-                                "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"]}
-                               for r in summary["ranks"]],
-                     "gpu_table": summary["gpus"], "verdict": verdict(summary), "trace": trace})
+        row = {"report": str(entry["report"]), "mode": entry["mode"], "gpus": gpus, "unit": unit,
+               "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
+               "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
+               "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
+                          "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"]}
+                         for r in summary["ranks"]],
+               "gpu_table": summary["gpus"], "verdict": verdict(summary)}
+        # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
+        report = entry["report"]
+        row["figure"] = draw(trace, out / "exports" / export / "figure.png",
+                             f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}")
+        rows.append(row)
     _apart(rows)
     for row in rows:
-        row["figure"] = draw(row.pop("trace"), out / f"{row['name']}.png", f"{row['mode']}, {_label(row)}")
+        figure = out / f"{row['name']}.png"
+        Path(row["figure"]["file"]).replace(figure)
+        row["figure"]["file"] = str(figure)
         base = min((r for r in rows if r["mode"] == row["mode"] and r["epoch_s"]), key=lambda r: r["gpus"], default=None)
         row["speedup"] = base["epoch_s"] / row["epoch_s"] if base and row["epoch_s"] else None
         row["speedup_over_gpus"] = base["gpus"] if base else None
@@ -177,6 +181,13 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
     page = "\n".join(_page(rows))
     (out / "lab.md").write_text(page)
     return page
+
+
+def _ran(processes: int, gpus: int) -> str:
+    """What a report shows ran: "2 GPUs", "1 process on 2 GPUs" (DP), "2 CPU processes"."""
+    if not gpus:
+        return _count(processes, "CPU process")
+    return _count(gpus, "GPU") if gpus == processes else f"{_count(processes, 'process')} on {_count(gpus, 'GPU')}"
 
 
 def _apart(rows: list[dict]) -> None:
