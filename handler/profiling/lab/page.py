@@ -165,7 +165,7 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
                "gpu_table": summary["gpus"], "verdict": verdict(summary)}
         # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
         report = entry["report"]
-        row["figure"] = draw(trace, out / "exports" / export / "figure.png",
+        row["figure"] = draw(trace, out / f".{export}.png",
                              f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}")
         rows.append(row)
     _apart(rows)
