@@ -12,6 +12,7 @@ from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHAS
 from .bubble import pipeline_stats
 from .devices import gpu_table
 from .comm import comm_stats, first_comm_starts, stragglers
+from .conventions import library_of
 from .gpu_metrics import device_map, summarize_metrics
 from .gpu_view import gpu_stats, pipeline_threads
 from .stats import nesting_parents, percentile as _percentile
@@ -81,17 +82,19 @@ def _rank(process: Process, trace: Trace) -> dict:
         "gpu_metrics": summarize_metrics(metrics, set(gpus.values()),
                                          [(r.start, r.end) for _, r in epochs]) if metrics else None,
         "gpu_metrics_gpus": {str(cuda): gpu for cuda, gpu in gpus.items()} if metrics else None,
-        "setup": setup_ranges(process.ranges, [r for _, r in epochs]),
+        **setup_ranges(process.ranges, [r for _, r in epochs]),
         "loop": loop_stats([r for _, r in epochs], batches, phase_time),
         "nccl_ranges": _named_totals(r for r in process.ranges if r.name.startswith(NCCL_RANGE)),
     }
 
 
-def setup_ranges(ranges, epochs: list[Range]) -> list[dict]:
-    """The outermost ranges that end before the first epoch starts (the kit's "Set data loader",
-    say), by name in order of first appearance, with their count and seconds."""
+def setup_ranges(ranges, epochs: list[Range]) -> dict:
+    """The outermost ranges that end before the first epoch starts, split in two:
+    `setup`, the loop's own (the kit's "Set data loader", say) by name in order of first
+    appearance, with their count and seconds; `setup_libraries`, the libraries' own (DALI's
+    executor, NCCL's calls; conventions.library_of) by library, with their count and seconds."""
     if not epochs:
-        return []
+        return {"setup": [], "setup_libraries": []}
     first = min(e.start for e in epochs)
     before = sorted((r for r in ranges if r.end <= first), key=lambda r: (r.tid, r.start, -r.end))
     outer, reach = [], {}
@@ -100,7 +103,19 @@ def setup_ranges(ranges, epochs: list[Range]) -> list[dict]:
             outer.append(r)
             reach[r.tid] = r.end
     outer.sort(key=lambda r: r.start)
-    return [{"name": name, **totals} for name, totals in _named_totals(outer).items()]
+    libraries: dict[tuple[str, str], dict] = {}
+    own = []
+    for r in outer:
+        library = library_of(r.name, r.domain)
+        if library is None:
+            own.append(r)
+            continue
+        entry = libraries.setdefault(library, {"count": 0, "total_s": 0.0})
+        entry["count"] += 1
+        entry["total_s"] += r.seconds
+    return {"setup": [{"name": name, **totals} for name, totals in _named_totals(own).items()],
+            "setup_libraries": [{"library": library, "by": by, **totals}
+                                for (library, by), totals in libraries.items()]}
 
 
 def loop_stats(epochs: list[Range], batches: list[Range], phase_time: dict) -> dict:
@@ -110,7 +125,8 @@ def loop_stats(epochs: list[Range], batches: list[Range], phase_time: dict) -> d
     epoch_s, steps = sum(e.seconds for e in epochs), len(batches)
     inside = sum(b.seconds for b in batches)
     per_step = (lambda s: s * 1e3 / steps) if steps else (lambda s: None)
-    return {"epochs_s": epoch_s, "steps": steps, "step_mean_ms": per_step(epoch_s),
+    return {"epochs_s": epoch_s, "epochs": len(epochs), "steps": steps,
+            "steps_per_epoch": steps / len(epochs) if epochs else None, "step_mean_ms": per_step(epoch_s),
             "inside_steps_ms": per_step(inside), "between_steps_ms": per_step(epoch_s - inside) if epochs else None,
             "phase_ms": {name: per_step(seconds) for name, (_, seconds) in phase_time.items()}}
 

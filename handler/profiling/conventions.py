@@ -87,3 +87,30 @@ def _numbered(pattern: str, key: str) -> re.Pattern:
                         f"e.g. {key}='{key.title()} *'")
     before, after = pattern.split("*")
     return re.compile(re.escape(before) + r"(\d+)" + re.escape(after), re.I)
+
+
+# Libraries that open NVTX ranges of their own, before the loop's first epoch too: (library,
+# name prefixes), for reports whose ranges carry no named NVTX domain. A range in a named
+# domain is that domain's (DALI names its domain "DALI"; NCCL 2.x "NCCL"); docs/PROFILING.md, "Setup".
+LIBRARY_PREFIXES = (
+    ("DALI", ("[DALI]", "[Exec]", "TensorList", "~TensorList")),
+    ("NCCL", ("nccl",)),
+    ("PyTorch", ("aten::",)),
+    ("MPI", ("MPI_",)),
+    ("cuDNN", ("cudnn",)),
+    ("cuBLAS", ("cublas",)),
+)
+
+
+KIT_SETUP = ("Set data loader", "Set Data Parallelism", "Sync model parameters")  # the kit's loop, before epoch 0
+
+
+def library_of(name: str, domain: str | None) -> tuple[str, str] | None:
+    """(library, "domain" or "prefix") for a library's own range; None for the loop's: the
+    kit's setup ranges, whatever domain they are in, and any range no library claims."""
+    if name.lower() in {s.lower() for s in KIT_SETUP}:
+        return None
+    if domain:
+        return domain, "domain"
+    return next(((library, "prefix") for library, prefixes in LIBRARY_PREFIXES
+                 if name.lower().startswith(tuple(p.lower() for p in prefixes))), None)

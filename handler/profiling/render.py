@@ -105,7 +105,8 @@ def markdown(summary: dict, title: str) -> str:
 
 
 def loop_sections(summary: dict) -> list[str]:
-    """Steps per rank (inside the step ranges and between them), setup, NCCL's ranges, the per-GPU table."""
+    """Steps per rank (inside the step ranges and between them), setup (the loop's, then the libraries'),
+    NCCL's ranges, the per-GPU table."""
     ranks = [r for r in summary["ranks"] if r.get("loop")]
     lines = _section("Steps", "Step time is epoch time over steps; between steps is what no step range covers: "
                      "for a loop that does not mark its data fetch, its wait for data. Phases in ms per step.",
@@ -116,7 +117,14 @@ def loop_sections(summary: dict) -> list[str]:
                        *(num(r["loop"]["phase_ms"][p], 2) for p in PHASES)] for r in ranks])
     setup = [[who(r), s["name"], str(s["count"]), num(s["total_s"], 3)] for r in ranks for s in r.get("setup") or ()]
     if setup:
-        lines += _section("Setup (ranges before the first epoch)", None, ["rank", "range", "count", "s"], setup)
+        lines += _section("Setup (the loop's ranges before the first epoch)", None, ["rank", "range", "count", "s"], setup)
+    libraries = [[who(r), s["library"], "NVTX domain" if s["by"] == "domain" else "name prefix", str(s["count"]),
+                  num(s["total_s"], 3)] for r in ranks for s in r.get("setup_libraries") or ()]
+    if libraries:
+        lines += _section("Setup inside libraries (their own ranges before the first epoch)",
+                          "Outermost ranges per thread, grouped by library: by NVTX domain where the report names "
+                          "one, else by the name's prefix (handler/profiling/conventions.py).",
+                          ["rank", "library", "grouped by", "ranges", "s"], libraries)
     nccl = [[who(r), name, str(t["count"]), num(t["total_s"] * 1e3, 2)] for r in ranks
             for name, t in sorted((r.get("nccl_ranges") or {}).items())]
     if nccl:

@@ -24,6 +24,7 @@ class Range:
     start: int  # ns
     end: int
     tid: int = 0  # serialized global thread id of the thread that opened it
+    domain: str | None = None  # the name of its NVTX domain (DALI, NCCL, ...); None: the default or an unnamed one
 
     @property
     def seconds(self) -> float:
@@ -64,7 +65,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
             if "NVTX_EVENTS" not in tables:
                 raise UserError(f"{path} has no NVTX ranges; profile with --trace including nvtx "
                                 "(scripts/launch.sh does) and let the run reach its training loop")
-            events = db.execute(_nvtx_query(db, tables)).fetchall()
+            events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
             gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
             metrics = load_metric_samples(db, tables) or None
             names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
@@ -74,7 +75,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
     processes, source = (), ""
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
         processes, source = _processes(events)
-        convention = OURS if processes else detect(text for _, _, text, _ in events if text)
+        convention = OURS if processes else detect(text for _, _, text, _, _ in events if text)
     if convention is not OURS:
         processes, source = _other_processes(events, convention, gpu)
     elif not processes:
@@ -90,20 +91,34 @@ def columns(db, table: str) -> set[str]:
     return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
 
 
+NVTX_DOMAIN_CREATE = 75  # ENUM_NSYS_EVENT_TYPE: NvtxDomainCreate, its text the domain's name
+
+
 def _nvtx_query(db, tables) -> str:
-    """Text is inline (`text`) or, for registered strings, in StringIds via `textId`."""
+    """Text is inline (`text`) or, for registered strings, in StringIds via `textId`; with it
+    each event's eventType and domainId, where the export has them (for _named_domains)."""
     have = columns(db, "NVTX_EVENTS")
     text = "e.text" if "text" in have else "NULL"
+    extra = ", ".join(f"e.{c}" if c in have else "NULL" for c in ("eventType", "domainId"))
     if "textId" in have and "StringIds" in tables:
-        return (f"SELECT e.start, e.end, COALESCE({text}, s.value), e.globalTid FROM NVTX_EVENTS e "
+        return (f"SELECT e.start, e.end, COALESCE({text}, s.value), e.globalTid, {extra} FROM NVTX_EVENTS e "
                 "LEFT JOIN StringIds s ON s.id = e.textId ORDER BY e.start")
-    return f"SELECT e.start, e.end, {text}, e.globalTid FROM NVTX_EVENTS e ORDER BY e.start"
+    return f"SELECT e.start, e.end, {text}, e.globalTid, {extra} FROM NVTX_EVENTS e ORDER BY e.start"
+
+
+def _named_domains(rows) -> list[tuple]:
+    """(start, end, text, globalTid, domain name or None) per event: a domain is named by its
+    NvtxDomainCreate event in the same process; the default domain (0) and unnamed ones get None."""
+    names = {(_pid(tid), domain): text for _, _, text, tid, kind, domain in rows
+             if kind == NVTX_DOMAIN_CREATE and domain and text}
+    return [(start, end, text, tid, names.get((_pid(tid), domain)) if domain else None)
+            for start, end, text, tid, _, domain in rows]
 
 
 def _processes(events) -> tuple[tuple[Process, ...], str]:
     """Group ranges by process; ranks come from 'rank N' marks, else from pid order."""
     ranges, marks, hosts = {}, {}, {}
-    for start, end, text, tid in events:
+    for start, end, text, tid, domain in events:
         pid = _pid(tid)
         if end is None:  # a mark
             found = RANK.match(text or "")
@@ -113,7 +128,7 @@ def _processes(events) -> tuple[tuple[Process, ...], str]:
             if found:
                 hosts[pid] = found.group(1)
         elif text:
-            ranges.setdefault(pid, []).append(Range(text, start, end, tid))
+            ranges.setdefault(pid, []).append(Range(text, start, end, tid, domain))
     trainers = set(marks) | {pid for pid, rs in ranges.items() if any(EPOCH.match(r.name) for r in rs)}
     by_mark = all(pid in marks for pid in trainers) and len(set(marks.values())) == len(marks)
     rank_of = marks if by_mark else {pid: r for r, pid in enumerate(sorted(trainers))}
@@ -129,13 +144,13 @@ def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[
     if convention is None:
         return (), ""
     ranges, marks = {}, {}
-    for start, end, text, tid in events:
+    for start, end, text, tid, domain in events:
         pid = _pid(tid)
         if end is None:
             if found := RANK.match(text or ""):
                 marks[pid] = int(found.group(1))
         elif text:
-            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or text, start, end, tid))
+            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or text, start, end, tid, domain))
     if convention.epoch is None:  # steps only: each process's steps are epoch 0
         for own in ranges.values():
             steps = [r for r in own if BATCH.match(r.name)]

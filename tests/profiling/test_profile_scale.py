@@ -17,7 +17,7 @@ from tests.profiling.scale_inputs import GOLDEN, summaries
 # Keys added after the golden file was written (docs/PROFILING.md, "Any training profile"): each
 # summary must hold them, and everything else must equal the golden file bit for bit.
 ADDED = {"convention", "gpus"}
-ADDED_PER_RANK = {"setup", "loop", "nccl_ranges"}
+ADDED_PER_RANK = {"setup", "setup_libraries", "loop", "nccl_ranges"}
 
 
 def test_summaries_of_the_real_exports_equal_the_old_analysis_bit_for_bit(tmp_path):

@@ -51,12 +51,12 @@ def draw(trace: Trace, path: Path, title: str) -> dict:
         panels.append({"gpu": gpu, "series": [line.get_label() for line in ax.get_lines()]})
     bands = _bands(axes[-1, 0], trace, span, t0)
     axes[-1, 0].set_xlabel("ms from the window's start")
-    fig.suptitle(title + ("" if gpus else " (no GPU metrics: phase bands only)"), fontsize=9)
+    drawn_title = fig.suptitle(title + ("" if gpus else " (no GPU metrics: phase bands only)"), fontsize=9).get_text()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    return {"file": str(path), "window_ns": list(span) if span else None, "panels": panels, "bands": bands}
+    return {"file": str(path), "title": drawn_title, "window_ns": list(span) if span else None, "panels": panels, "bands": bands}
 
 
 def _bands(ax, trace: Trace, span, t0: int) -> list[dict]:

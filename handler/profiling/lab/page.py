@@ -3,9 +3,12 @@
     python -m handler.profiling.report nsight_logs/ --out lab/     (the kit's <mode>_<time>/gpu_<N>.nsys-rep)
     python -m handler.profiling.report dp_1gpu.nsys-rep ddp_2gpu.nsys-rep --lab --out lab/
 
-Writes OUT/lab.md, OUT/lab.json and one figure per report (figures.py). Mode and GPU count come
-from the run's metrics JSON beside the report, else from the file layout; where the name holds no
-GPU count, from the GPUs that ran kernels (or the ranks, on CPU). Each report gets a verdict line with its bound, see `verdict`.
+Writes OUT/lab.md, OUT/lab.json and one figure per report (figures.py). A report's cell (mode and
+count) comes from the kit's layout (<mode>_<time>/gpu_<N>) where it is in one, else from the run's
+metrics JSON beside it, else from its name; where the name holds no count, from the GPUs that ran
+kernels (or the ranks, on CPU). Beside the cell the page says what ran, read from the report: "2 GPUs",
+"2 CPU processes". No two reports share a cell, a figure or an export. Each report gets a verdict
+line with its bound, see `verdict`.
 """
 import json
 import re
@@ -23,9 +26,14 @@ KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
 FLAT_NAME = re.compile(r"(?P<mode>ddp_dali|ddp|dp|fsdp|pp)\b|(?P<mode2>ddp_dali|ddp|dp|fsdp|pp)_", re.I)
 GPUS_IN_NAME = re.compile(r"(?:gpu_?(?P<a>\d+)|(?P<b>\d+)_?gpus?)", re.I)
 LOADER_BOUND = 0.5  # a step that waits for data this much of its time is loader-bound
-BOUND_RULE = ("The bound is what remains when a loader that keeps up removes the wait between steps: per step, "
-              "the larger of the time inside the step range (the host's work) and the GPU's busy time (kernels "
-              "run asynchronously, so they can outlast the range), times the number of steps.")
+GPU_BOUND = 0.8  # a GPU busy this share of the step range leaves the host little to gain
+BOUND_RULE = ("The bound is what remains of one epoch when a loader that keeps up removes the wait between steps: "
+              "per step, the larger of the time inside the step range (the host's work) and the GPU's busy time "
+              "(kernels run asynchronously, so they can outlast the range), times the steps of one epoch. It never "
+              "exceeds the measured epoch. A step that waits for data half its time or more is loader-bound; else "
+              "GPU-bound when the busiest GPU works 80 % or more of the step range, host-bound when it idles more "
+              "inside it (a loop that waits for its GPU, by loss.item() say, holds the GPU's work inside the step "
+              "range, so the range alone cannot tell the host's work from the wait).")
 
 
 def _reports_in(folder: Path) -> list[Path]:
@@ -41,27 +49,29 @@ def is_kit_layout(path: Path) -> bool:
 
 def lab_reports(paths: list[Path]) -> list[dict]:
     """[{"report", "mode", "gpus"}] for the reports named, the kit's folders opened."""
-    entries = []
+    reports = []
     for path in paths:
         if is_kit_layout(path):
-            for sub in sorted(s for s in path.iterdir() if s.is_dir() and KIT_FOLDER.match(s.name)):
-                mode = KIT_FOLDER.match(sub.name).group("mode")  # type: ignore[union-attr]
-                for report in _reports_in(sub):
-                    count = KIT_FILE.search(report.stem)
-                    entries.append({"report": report, "mode": mode, "gpus": int(count.group("gpus")) if count else None})
+            reports += [r for sub in sorted(s for s in path.iterdir() if s.is_dir() and KIT_FOLDER.match(s.name))
+                        for r in _reports_in(sub)]
         else:
-            for report in (_reports_in(path) if path.is_dir() else [path]):
-                mode = FLAT_NAME.search(report.stem)
-                count = GPUS_IN_NAME.search(report.stem)
-                entries.append({"report": report, "mode": (mode.group("mode") or mode.group("mode2")).lower()
-                                if mode else report.stem,
-                                "gpus": int(count.group("a") or count.group("b")) if count else None})
-    for entry in entries:
-        entry.update(_from_metrics(entry["report"]))
-    if not entries:
+            reports += _reports_in(path) if path.is_dir() else [path]
+    if not reports:
         raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; pass the kit's "
                         "nsight_logs folder or the reports themselves")
-    return entries
+    return [_cell_of(report) for report in reports]
+
+
+def _cell_of(report: Path) -> dict:
+    """The kit's layout names the cell (the run asked for gpu_<N>, whatever ran); elsewhere the
+    run's metrics JSON, then the file name."""
+    folder, count = KIT_FOLDER.match(report.parent.name), KIT_FILE.fullmatch(report.stem)
+    if folder and count:
+        return {"report": report, "mode": folder.group("mode"), "gpus": int(count.group("gpus"))}
+    mode = FLAT_NAME.search(report.stem)
+    count = GPUS_IN_NAME.search(report.stem)
+    return {"report": report, "mode": (mode.group("mode") or mode.group("mode2")).lower() if mode else report.stem,
+            "gpus": int(count.group("a") or count.group("b")) if count else None, **_from_metrics(report)}
 
 
 def _from_metrics(report: Path) -> dict:
@@ -77,25 +87,44 @@ def _from_metrics(report: Path) -> dict:
 
 
 def verdict(summary: dict) -> dict:
-    """The bound and one line for a report, from its slowest rank (BOUND_RULE says how)."""
+    """The bound of one epoch and one line for a report, from its slowest rank (BOUND_RULE says how)."""
     rank = max(summary["ranks"], key=lambda r: r["loop"]["epochs_s"])
-    loop, steps = rank["loop"], rank["loop"]["steps"]
-    if not steps or loop["step_mean_ms"] is None:
-        return {"bound_s": None, "line": "no steps in this report: no bound"}
-    busy_ms = max((g["kernel_busy_s"] * 1e3 / steps for g in summary["gpus"] or ()), default=None)
+    loop = rank["loop"]
+    steps, epochs = loop["steps"], loop.get("epochs")
+    if not steps or not epochs or not loop["epochs_s"]:
+        return {"bound_s": None, "line": "no steps inside an epoch in this report: no bound"}
+    epoch_s, per_epoch = loop["epochs_s"] / epochs, steps / epochs
     inside, between, step = loop["inside_steps_ms"], loop["between_steps_ms"] or 0.0, loop["step_mean_ms"]
+    busy = _busy_share(summary)
+    busy_ms = None if busy is None else busy * step  # the GPU's busy time over the epochs, per step
     per_step = max(inside, busy_ms or 0.0)
-    bound = steps * per_step / 1e3
-    wait = between / step if step else 0.0
+    bound = per_epoch * per_step / 1e3
+    wait = between / step
     if wait >= LOADER_BOUND:
         kind = f"loader-bound: {wait * 100:.0f} % of each step waits for data"
-    elif busy_ms is not None and busy_ms >= inside:
-        kind = f"GPU-bound: the busiest GPU works {busy_ms:.1f} ms of each {step:.1f} ms step"
+    elif busy_ms is None:
+        kind = f"CPU-bound (no GPU ran): {inside:.1f} ms of each {step:.1f} ms step is inside the step range"
+    elif busy_ms >= GPU_BOUND * inside:
+        kind = (f"GPU-bound: the busiest GPU works {busy_ms:.1f} ms of each {step:.1f} ms step "
+                f"({_share(busy_ms, inside)} of the step range)")
     else:
-        kind = f"host-bound: {inside:.1f} ms of each {step:.1f} ms step is inside the step range"
-    return {"bound_s": bound, "per_step_ms": per_step, "gpu_busy_ms_per_step": busy_ms, "wait_share": wait,
+        kind = (f"host-bound: the busiest GPU idles {_share(inside - busy_ms, inside)} of the step range "
+                f"({busy_ms:.1f} ms busy of {inside:.1f} ms inside each {step:.1f} ms step)")
+    return {"bound_s": bound, "epoch_s": epoch_s, "per_step_ms": per_step, "steps_per_epoch": per_epoch,
+            "gpu_busy_ms_per_step": busy_ms, "gpu_busy_share": busy, "wait_share": wait,
             "line": f"{kind}; with a loader that keeps up, the epoch takes at least {bound:.3g} s "
-                    f"({steps} steps x {per_step:.1f} ms)"}
+                    f"({per_epoch:g} steps x {per_step:.1f} ms) of the {epoch_s:.3g} s measured"}
+
+
+def _busy_share(summary: dict) -> float | None:
+    """The busiest GPU's share of the epochs that its kernels kept it busy: the ranks of a
+    synchronous job wait for it every step. None without GPU activity."""
+    return max((g["kernel_busy_share"] for g in summary.get("gpus") or () if g["kernel_busy_share"] is not None),
+               default=None)
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole * 100:.0f} %" if whole else "n/a"
 
 
 def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | None:
@@ -120,19 +149,30 @@ def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | Non
 def write_lab(entries: list[dict], out: Path, convention=None) -> str:
     """Writes out/lab.md, out/lab.json and the figures; returns the page."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for entry in entries:
-        trace = load_trace(sqlite_export(entry["report"], out / "exports"), convention)
+    rows, exports = [], _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
+    for entry, export in zip(entries, exports):
+        trace = load_trace(sqlite_export(entry["report"], out / "exports" / export), convention)
         summary = summarize(trace)
-        gpus = entry["gpus"] or len(summary["gpus"] or ()) or len(summary["ranks"])
-        name = f"{entry['mode']}_{gpus}gpu"
-        figure = draw(trace, out / f"{name}.png", f"{entry['mode']}, {gpus} GPU(s)")
-        rows.append({"report": str(entry["report"]), "mode": entry["mode"], "gpus": gpus, "name": name,
-                     "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
-                     "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
-                                "nccl_ranges": r["nccl_ranges"]} for r in summary["ranks"]],
-                     "gpu_table": summary["gpus"], "verdict": verdict(summary), "figure": figure})
+        ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
+        gpus = entry["gpus"] or ran_gpus or processes
+        unit = "GPU" if ran_gpus else "CPU process"
+        row = {"report": str(entry["report"]), "mode": entry["mode"], "gpus": gpus, "unit": unit,
+               "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
+               "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
+               "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
+                          "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"]}
+                         for r in summary["ranks"]],
+               "gpu_table": summary["gpus"], "verdict": verdict(summary)}
+        # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
+        report = entry["report"]
+        row["figure"] = draw(trace, out / f".{export}.png",
+                             f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}")
+        rows.append(row)
+    _apart(rows)
     for row in rows:
+        figure = out / f"{row['name']}.png"
+        Path(row["figure"]["file"]).replace(figure)
+        row["figure"]["file"] = str(figure)
         base = min((r for r in rows if r["mode"] == row["mode"] and r["epoch_s"]), key=lambda r: r["gpus"], default=None)
         row["speedup"] = base["epoch_s"] / row["epoch_s"] if base and row["epoch_s"] else None
         row["speedup_over_gpus"] = base["gpus"] if base else None
@@ -143,6 +183,48 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
     return page
 
 
+def _ran(processes: int, gpus: int) -> str:
+    """What a report shows ran: "2 GPUs", "1 process on 2 GPUs" (DP), "2 CPU processes"."""
+    if not gpus:
+        return _count(processes, "CPU process")
+    return _count(gpus, "GPU") if gpus == processes else f"{_count(processes, 'process')} on {_count(gpus, 'GPU')}"
+
+
+def _apart(rows: list[dict]) -> None:
+    """Two reports in one cell (mode, count) both get their report's folder and name beside the
+    mode; then every row's name (its figure's file) is made unique and safe for a file name."""
+    cells = [(r["mode"], r["gpus"]) for r in rows]
+    for row, cell in zip(rows, cells):
+        if cells.count(cell) > 1:
+            report = Path(row["report"])
+            row["mode"] = f"{row['mode']} ({report.parent.name}/{report.stem})"
+    names = _unique([f"{r['mode']}_{r['gpus']}{'gpu' if r['unit'] == 'GPU' else 'cpu'}" for r in rows])
+    for row, name in zip(rows, names):
+        row["name"] = name
+
+
+def _unique(names: list[str]) -> list[str]:
+    """The names with only filename-safe characters, a clash numbered (-2, -3, ...)."""
+    out: list[str] = []
+    for name in names:
+        safe = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-") or "report"
+        candidate, k = safe, 1
+        while candidate in out:
+            k += 1
+            candidate = f"{safe}-{k}"
+        out.append(candidate)
+    return out
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}" + ("" if n == 1 else "es" if unit.endswith("s") else "s")
+
+
+def _label(row: dict) -> str:
+    """The cell as the page names it, and what ran where that differs: "2 CPU processes (ran 1 CPU process)"."""
+    return row["cell"] + ("" if row["ran"] == row["cell"] else f" (ran {row['ran']})")
+
+
 def _num(x, digits=2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -151,34 +233,52 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x * 100:.1f} %"
 
 
+def _column(rows: list[dict], count: int) -> str:
+    units = {r["unit"] for r in rows if r["gpus"] == count}
+    return _count(count, units.pop()) if len(units) == 1 else f"{_count(count, 'GPU')} or {_count(count, 'CPU process')}"
+
+
 def _page(rows: list[dict]) -> list[str]:
     modes, counts = sorted({r["mode"] for r in rows}), sorted({r["gpus"] for r in rows})
     cell = {(r["mode"], r["gpus"]): r for r in rows}
     lines = ["# Lab profiles", "", "## Epoch time and speed-up", "",
-             "Epoch time in s (speed-up over the same mode on its fewest GPUs).", "",
-             "| mode | " + " | ".join(f"{n} GPU" for n in counts) + " |", "|---" * (len(counts) + 1) + "|"]
+             "Epoch time in s (speed-up over the same mode on its fewest GPUs or processes); where a run did not "
+             "use what its cell asked for, what ran is beside it.", "",
+             "| mode | " + " | ".join(_column(rows, n) for n in counts) + " |", "|---" * (len(counts) + 1) + "|"]
     for mode in modes:
         lines.append(f"| {mode} | " + " | ".join(
-            f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x)" if (c := cell.get((mode, n))) else "" for n in counts) + " |")
+            f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x)" + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
+            if (c := cell.get((mode, n))) else "" for n in counts) + " |")
     lines += ["", "## Verdicts", "", BOUND_RULE, ""]
-    lines += [f"- **{r['mode']}, {r['gpus']} GPU**: {r['verdict']['line']}." for r in rows]
-    metric_keys = sorted({k for r in rows for g in r["gpu_table"] or () for k in (g["metrics"] or {})})
-    lines += ["", "## Per GPU", "", "Busy shares are of the epochs' length; metrics are means inside the epochs.", "",
-              "| " + " | ".join(["report", "GPU", "kernel busy", "compute busy", "NCCL kernel s", "peak MB", *metric_keys])
-              + " |",
-              "|---" * (6 + len(metric_keys)) + "|"]
-    for r in rows:
-        for g in r["gpu_table"] or ():
-            lines.append("| " + " | ".join([r["name"], str(g["device"]), _pct(g["kernel_busy_share"]),
-                                             _pct(g["compute_busy_share"]), _num(g["nccl_kernel_s"], 3),
-                                             _num(g["peak_memory_mb"], 0),
-                                             *(_num((g["metrics"] or {}).get(k), 1) for k in metric_keys)]) + " |")
-    lines += ["", "## Copies (memcpy inside the epochs)", "", "| report | GPU | kind | count | MB | s |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        for g in r["gpu_table"] or ():
-            for kind, c in g["memcpy"].items():
-                lines.append(f"| {r['name']} | {g['device']} | {kind} | {c['count']} | {_num(c['mb'], 1)} | "
-                             f"{_num(c['seconds'], 4)} |")
+    lines += [f"- **{r['mode']}, {_label(r)}**: {r['verdict']['line']}." for r in rows]
+    lines += _gpu_tables(rows)
     lines += ["", "## Figures", "", "| " + " | ".join(r["name"] for r in rows) + " |", "|---" * len(rows) + "|",
               "| " + " | ".join(f"![{r['name']}]({Path(r['figure']['file']).name})" for r in rows) + " |", ""]
+    return lines
+
+
+def _gpu_tables(rows: list[dict]) -> list[str]:
+    """Per GPU and Copies; where no row has a line, one line saying why instead of a bare header."""
+    without = [r["name"] for r in rows if not r["gpu_table"]]
+    none_here = (f"No CUDA activity in {'these reports' if len(without) == len(rows) else ', '.join(without)}"
+                 " (CPU runs): no GPU to show.") if without else ""
+    metric_keys = sorted({k for r in rows for g in r["gpu_table"] or () for k in (g["metrics"] or {})})
+    per_gpu = ["| " + " | ".join([r["name"], str(g["device"]), _pct(g["kernel_busy_share"]),
+                                   _pct(g["compute_busy_share"]), _num(g["nccl_kernel_s"], 3),
+                                   _num(g["peak_memory_mb"], 0), *(_num((g["metrics"] or {}).get(k), 1)
+                                                                  for k in metric_keys)]) + " |"
+               for r in rows for g in r["gpu_table"] or ()]
+    lines = ["", "## Per GPU", "", "Busy shares are of the epochs' length; metrics are means inside the epochs.", ""]
+    if per_gpu:
+        lines += ["| " + " | ".join(["report", "GPU", "kernel busy", "compute busy", "NCCL kernel s", "peak MB",
+                                     *metric_keys]) + " |", "|---" * (6 + len(metric_keys)) + "|", *per_gpu]
+    lines += [none_here] if none_here else []
+    copies = [f"| {r['name']} | {g['device']} | {kind} | {c['count']} | {_num(c['mb'], 1)} | {_num(c['seconds'], 4)} |"
+              for r in rows for g in r["gpu_table"] or () for kind, c in g["memcpy"].items()]
+    lines += ["", "## Copies (memcpy inside the epochs)", ""]
+    if copies:
+        lines += ["| report | GPU | kind | count | MB | s |", "|---|---|---|---|---|---|", *copies]
+    elif per_gpu:
+        lines.append("No memcpy recorded inside the epochs of the GPU runs.")
+    lines += [none_here] if none_here else []
     return lines

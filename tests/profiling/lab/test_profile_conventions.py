@@ -164,7 +164,7 @@ def test_the_lab_page_over_a_kit_layout_folder_of_three_modes_and_two_counts(tmp
         assert r["verdict"]["line"] in page and "the epoch takes at least" in r["verdict"]["line"]
         assert r["figure"]["bands"] and all(b["steps"] > 0 for b in r["figure"]["bands"])
         assert r["speedup"] == pytest.approx(1.0)  # the same export in every cell
-    assert "| mode | 1 GPU | 2 GPU |" in page and "## Copies" in page and "## Per GPU" in page
+    assert "| mode | 1 GPU | 2 GPUs |" in page and "## Copies" in page and "## Per GPU" in page
 
 
 def test_the_bound_takes_the_larger_of_the_step_range_and_the_gpu_busy_time():
@@ -172,9 +172,9 @@ def test_the_bound_takes_the_larger_of_the_step_range_and_the_gpu_busy_time():
     a step, 98 steps: loader-bound, at least 98 x 97 ms = 9.5 s."""
     from handler.profiling.lab.page import verdict
     steps = 98
-    summary = {"ranks": [{"loop": {"epochs_s": 32.6, "steps": steps, "step_mean_ms": 333.0, "inside_steps_ms": 34.0,
-                                   "between_steps_ms": 299.0}}],
-               "gpus": [{"kernel_busy_s": 0.097 * steps}]}
+    summary = {"ranks": [{"loop": {"epochs_s": steps * 0.333, "epochs": 1, "steps": steps, "step_mean_ms": 333.0,
+                                   "inside_steps_ms": 34.0, "between_steps_ms": 299.0}}],
+               "gpus": [{"kernel_busy_s": 0.097 * steps, "kernel_busy_share": 97.0 / 333.0}]}
     result = verdict(summary)
     assert result["bound_s"] == pytest.approx(9.506) and result["line"].startswith("loader-bound: 90 % of each step")
 
