@@ -1,7 +1,8 @@
 """The lab's functions driven the way the course kit's train_cifar.py drives them: an `args`
 namespace, run_process(main_func, args), and in every process initialize_group, the mode's
-get_*_loader(root=...), model_to_DDP, one plain epoch and destroy_process in `finally`.
-Two CPU ranks over gloo; the data is written in the kit's two layouts."""
+get_*_loader(root=...), model_to_DDP, two plain epochs through the loaders' DataLoader
+attributes (`sampler.set_epoch`, and DALI's `reset()`) and destroy_process in `finally`, then
+a resume at epoch 1. Two CPU ranks over gloo; the data is written in the kit's two layouts."""
 import argparse
 import json
 import os
