@@ -50,7 +50,8 @@ def get_DALI_loader(test_batch: int, train_batch: int, root: str = "./data", val
     memory. Returns (test_loader, train_loader, valid_loader), each a DALIWrapper.
 
     Train: equal shards of a permutation drawn afresh each epoch (DistributedSampler's
-    scheme; `shuffle` False keeps the files' order). Valid/test: exact shards, so every image
+    scheme; `shuffle` False keeps the files' order); reset() or a new pass goes on to the next
+    epoch, set_epoch(e) (or `.sampler.set_epoch(e)`) starts epoch e. Valid/test: exact shards, so every image
     is counted once. The harness passes its splits, placement and config (`cfg`), whose
     --dali-source picks the input, the one way to choose it, so the metrics record what ran.
     """
@@ -92,7 +93,7 @@ def get_DALI_loader(test_batch: int, train_batch: int, root: str = "./data", val
             seed = int(np.random.SeedSequence([random_seed, rank, epoch]).generate_state(1)[0])
             return pipeline(read, labels, order, train_batch, train=True, seed=seed, drop_last=drop_last)
 
-        return DALIWrapper(make, samples, train_batch, drop_last=drop_last, reseed=True)
+        return DALIWrapper(make, samples, train_batch, drop_last=drop_last, reseed=True, images=len(labels))
 
     def eval_loader(split: int, images, labels, batch: int):
         if len(labels) == 0:
@@ -100,7 +101,7 @@ def get_DALI_loader(test_batch: int, train_batch: int, root: str = "./data", val
         read, order = inputs(split, images, labels), np.arange(len(labels))
         seed = int(np.random.SeedSequence([random_seed, rank, 0]).generate_state(1)[0])
         return DALIWrapper(lambda epoch: pipeline(read, labels, order, batch, train=False, seed=seed),
-                           shard_size(len(labels), rank, world), batch)
+                           shard_size(len(labels), rank, world), batch, images=len(labels))
 
     train = train_loader(*splits.train)
     valid, test = eval_loader(1, *splits.valid, valid_batch or test_batch), eval_loader(2, *splits.test, test_batch)

@@ -166,14 +166,21 @@ class DALIWrapper:
 
     `samples` is this rank's shard size; the reader pads the shard's last batch and
     the iterator trims the padding, so each sample is yielded once per pass. With
-    `reseed`, set_epoch(e) starts a fresh pipeline for epoch e, so a resumed run
-    replays the same batches; without it one pipeline serves every pass.
+    `reseed`, every pass is an epoch of its own, as DALI's reader reshuffles every epoch:
+    reset() and a new pass go on to the next one, and set_epoch(e) starts a fresh pipeline
+    for exactly epoch e, so a resumed run replays the same batches. Without it (evaluation)
+    one pipeline serves every pass.
+
+    `sampler`, `dataset` and `batch_size` are what a loop written for a DataLoader reads
+    (`loader.sampler.set_epoch(epoch)`, `len(loader.dataset)`); `images` is the split's size.
     """
 
-    def __init__(self, make, samples: int, batch: int, *, drop_last: bool = False, reseed: bool = False):
+    def __init__(self, make, samples: int, batch: int, *, drop_last: bool = False, reseed: bool = False,
+                 images: int = 0):
         self.make, self.reseed = make, reseed
         self.policy = LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL
         self.batches = samples // batch if drop_last else math.ceil(samples / batch)
+        self.batch_size, self.sampler, self.dataset = batch, EpochSampler(self, samples), Sized(images or samples)
         self._start(0)
 
     def _start(self, epoch: int) -> None:
@@ -193,13 +200,15 @@ class DALIWrapper:
             self._start(epoch)
 
     def reset(self) -> None:
-        """Start the pass afresh (the lab calls it after each epoch; a finished pass resets itself)."""
-        self._start(self.epoch)
+        """End this pass: the next is the next epoch (the lab calls it after each epoch)."""
+        self._start(self.epoch + 1 if self.reseed and self.used else self.epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields len(self) batches. Before the last it ends DALI's pass: a shard one image
         shorter than its neighbours ends on an all-padding batch that no caller asks for,
         and a pass left open refuses the next pass's reset (that pass would yield nothing)."""
+        if self.used and self.reseed:  # a new pass without set_epoch or reset: the next epoch
+            self._start(self.epoch + 1)
         self.used = True
         assert self.iterator is not None, "_start built it"
         batches = iter(self.iterator)
@@ -210,6 +219,29 @@ class DALIWrapper:
             if batch is None:
                 return
             yield batch
+
+
+class EpochSampler:
+    """`loader.sampler` of a DALIWrapper: set_epoch and len() as DistributedSampler has them
+    (len: this rank's samples per pass)."""
+
+    def __init__(self, loader: DALIWrapper, samples: int):
+        self.loader, self.samples = loader, samples
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.samples
+
+
+@dataclass(frozen=True)
+class Sized:
+    """`loader.dataset` of a DALIWrapper: the split's length, all a DataLoader loop reads of it."""
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
 
 
 Batches = Iterator[list[dict[str, torch.Tensor]]]  # a DALIGenericIterator over one pipeline

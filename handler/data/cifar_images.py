@@ -3,17 +3,17 @@
 
 A class's index is its folder's place among the split's class folders in sorted order, as
 DALI's fn.readers.file(file_root=...) numbers them. CIFAR-10's class names (torchvision's,
-which the kit writes) sort into CIFAR-10's own label order, so the two agree; a tree with
-other names gets a warning that its labels follow the sorted names. `valid` may be empty
-(the kit's default): the validation images are then held out of `train` (--valid-size).
+which the kit writes) sort into CIFAR-10's own label order, so the two agree. A tree with
+other names gets a warning that its labels follow the sorted names, and so do a class with no
+training images and a valid/ or test/ class missing from train/ (tree_warnings). `valid` may
+be empty (the kit's default): the validation images are then held out of `train` (--valid-size).
 Nothing is ever written into the tree: its decoded pixels are kept in `cache_root()`.
 """
 import hashlib
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -57,13 +57,41 @@ def list_split(folder: str, classes: List[str]) -> ImageSplit:
 
 
 def tree_classes(root: str) -> List[str]:
-    """The class names, in label order, from ROOT/train's folders; warns when they are not
-    CIFAR-10's, whose sorted order is CIFAR-10's label order."""
-    classes = _class_folders(os.path.join(root, "train"))
+    """The class names, in label order: ROOT/train's folders, sorted."""
+    return _class_folders(os.path.join(root, "train"))
+
+
+def tree_warnings(root: str, classes: List[str]) -> Tuple[List[str], Dict[str, int]]:
+    """What a run on this tree must be told, one line each, and the images it leaves out
+    ({"test/horse": 12}): class names other than CIFAR-10's (labels follow the sorted names),
+    a class whose train/ folder holds no image (trained on nothing, tested all the same), and
+    a valid/ or test/ folder with no class in train/ (its images have no label: left out)."""
+    warnings = []
     if classes != CLASSES:
-        print(f"warning: {root}/train's class folders ({', '.join(classes)}) are not CIFAR-10's "
-              f"({', '.join(CLASSES)}); label k is the k-th folder in sorted order", file=sys.stderr)
-    return classes
+        warnings.append(f"{root}/train's class folders ({', '.join(classes)}) are not CIFAR-10's "
+                        f"({', '.join(CLASSES)}); label k is the k-th folder in sorted order")
+    for name in classes:
+        if not _images_in(os.path.join(root, "train", name)):
+            tested = _images_in(os.path.join(root, "test", name))
+            warnings.append(f"class {name} has no training images ({root}/train/{name}/ holds none): the model never "
+                            f"learns it, and its {tested} test images count as misses; add its images, or "
+                            "rebuild the tree with the kit's scripts/init.sh")
+    left_out = {}
+    for split in SPLITS[1:]:
+        for name in _class_folders(os.path.join(root, split)):
+            count = _images_in(os.path.join(root, split, name))
+            if name not in classes and count:
+                left_out[f"{split}/{name}"] = count
+                warnings.append(f"class {name} has no folder in {root}/train/, so its {count} {split} images "
+                                f"({root}/{split}/{name}/) are left out: the model has no label for them; add "
+                                f"{root}/train/{name}/, or rebuild the tree with the kit's scripts/init.sh")
+    return warnings, left_out
+
+
+def _images_in(folder: str) -> int:
+    if not os.path.isdir(folder):
+        return 0
+    return sum(f.lower().endswith(EXTENSIONS) for f in os.listdir(folder))
 
 
 def cache_root() -> str:

@@ -85,17 +85,20 @@ def stalled_loader(waited_s: float) -> str:
 
 class DeviceLoader:
     """Wraps a torch DataLoader to yield batches on `device`. A DataLoader given a `timeout`
-    (stall_bound_s) that passes ends the run in one line naming the loader."""
+    (stall_bound_s) that passes ends the run in one line naming the loader. Its `sampler`,
+    `dataset` and `batch_size` are the DataLoader's, for a loop written for one
+    (`loader.sampler.set_epoch(epoch)`, as the lab's may be)."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device):
         self.loader, self.device = loader, device
+        self.sampler, self.dataset, self.batch_size = loader.sampler, loader.dataset, loader.batch_size
         self.copies = device.type != "cpu"
 
     def __len__(self):
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.loader.sampler, "set_epoch", None)  # DistributedSampler's
+        set_epoch = getattr(self.sampler, "set_epoch", None)  # DistributedSampler's
         if set_epoch is not None:
             set_epoch(epoch)
 

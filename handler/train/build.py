@@ -5,6 +5,7 @@ restores, the evaluator, the capture window and rank 0's metrics file all land i
 `Run`, so that `fit` (trainer.py) only runs the epochs. The order below is the order every
 rank must share: the seed before the model, and the collectives in the same sequence.
 """
+import dataclasses
 import math
 import os
 import time
@@ -83,6 +84,9 @@ def build_run(cfg, strategy: Strategy) -> Run:
     nvtx_mark(RANK(cfg.rank))
     started = time.perf_counter()
     splits = load_splits(cfg)
+    cfg = dataclasses.replace(cfg, valid_size=splits.valid_size)  # the hold-out applied, for the metrics
+    for line in splits.notes:  # the data's warnings, and a hold-out --valid-size did not choose
+        rank0.say(cfg, line, err=True)
     raw = _model(cfg, len(splits.classes), device)
     # Wrap first: FSDP replaces the parameters with shards, and the optimizer (and any
     # restored state) must see the ones that train. DDP and DP keep the same tensors.
@@ -99,12 +103,12 @@ def build_run(cfg, strategy: Strategy) -> Run:
     step = Step(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 autocast=autocast_for(cfg, device), accum_steps=cfg.accum_steps,
                 channels_last=cfg.channels_last, criterion=strategy.criterion, optimise=strategy.step)
-    notes = strategy.notes + resume_notes + _fallbacks(cfg, device, optimizer_note)
+    notes = strategy.notes + resume_notes + splits.notes + _fallbacks(cfg, device, optimizer_note)
     hosts = dist.hostnames()
     nvtx_mark(HOST(hosts[cfg.rank]))  # the profile report names each rank's host
     last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
     metrics = _metrics(cfg, strategy, model, capture, notes, hosts, history, range(start_epoch, last_epoch),
-                       len(loaders.train))
+                       len(loaders.train), splits.left_out)
     return Run(cfg=cfg, device=device, raw=raw, step=step, state=strategy.state, loaders=loaders,
                evaluate=_evaluator(cfg, strategy, raw, step, device), capture=capture, metrics=metrics,
                start_epoch=start_epoch, start_step=start_step, last_epoch=last_epoch, started=started,
@@ -168,7 +172,7 @@ def _fallbacks(cfg, device: torch.device, optimizer_note: Optional[str]) -> tupl
 
 
 def _metrics(cfg, strategy: Strategy, model, capture: Capture, notes: tuple, hosts: dict, history: list,
-             epochs: range, steps: int) -> Optional[MetricsFile]:
+             epochs: range, steps: int, left_out: dict) -> Optional[MetricsFile]:
     """Fit the capture window to the epochs this run trains, open rank 0's metrics file and
     say what runs (every rank must call it: its capture window is shared)."""
     capture.marks = (RANK(cfg.rank), HOST(hosts[cfg.rank]))
@@ -177,8 +181,9 @@ def _metrics(cfg, strategy: Strategy, model, capture: Capture, notes: tuple, hos
         notes += (capture_note,)
         rank0.say(cfg, f"warning: {capture_note}", err=True)
     profiled = describe(capture.window, cfg.epochs) if profiler_attached() else None
-    env = {**environment(cfg, notes, hosts), "profiled_epochs": capture.epochs(epochs.start, epochs.stop)
-           if profiled else None, **(strategy.record(model) if strategy.record else {})}
+    env = {**environment(cfg, notes, hosts), "left_out": left_out or None,
+           "profiled_epochs": capture.epochs(epochs.start, epochs.stop) if profiled else None,
+           **(strategy.record(model) if strategy.record else {})}
     metrics = MetricsFile(cfg, env, history) if cfg.is_main else None
     rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "

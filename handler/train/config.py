@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Type, TypeVar
 
 from ..data.cifar_images import cache_root
-from ..data.dataset import DEFAULT_DATA, named
+from ..data.dataset import DEFAULT_DATA, DEFAULT_VALID, named
 from ..runtime.errors import UserError, need
 from .capture import check_profile_epochs
 from .mode import Mode
@@ -63,7 +63,10 @@ class DataOptions(Options):
     synthetic_test: int = option(2000, within=at_least(1), help="test images in a generated synthetic dataset")
     batch_size: int = option(256, within=at_least(1, "use a positive batch size"), help="GLOBAL batch size; each of W processes gets batch/W")
     workers: int = option(2, within=at_least(0), help="DataLoader workers or DALI threads per process")
-    valid_size: int = option(5000, within=at_least(0, "use 0 (none) or more"), help="training images held out for validation (0 = none)")
+    valid_size: Optional[int] = option(None, type=int, metavar="N", within=at_least(0, "use 0 (none) or more"),
+                                       help=f"training images held out for validation (0 = none; default {DEFAULT_VALID}, "
+                                            "or a tenth of a training set too small for it; the run's metrics "
+                                            "record the number held out)")
     cutout: int = option(0, within=Range(0, 32, fix="use 0 (off) to 32 pixels"), help="cutout size in pixels (0 = off)")
 
 

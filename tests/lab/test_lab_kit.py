@@ -1,7 +1,8 @@
 """The lab's functions driven the way the course kit's train_cifar.py drives them: an `args`
 namespace, run_process(main_func, args), and in every process initialize_group, the mode's
-get_*_loader(root=...), model_to_DDP, one plain epoch and destroy_process in `finally`.
-Two CPU ranks over gloo; the data is written in the kit's two layouts."""
+get_*_loader(root=...), model_to_DDP, two plain epochs through the loaders' DataLoader
+attributes (`sampler.set_epoch`, and DALI's `reset()`) and destroy_process in `finally`, then
+a resume at epoch 1. Two CPU ranks over gloo; the data is written in the kit's two layouts."""
 import argparse
 import json
 import os
@@ -58,7 +59,9 @@ def tiny_model() -> nn.Module:
 
 
 def main_func(proc_id, args):
-    """The kit's main_func, written the lab's way."""
+    """The kit's main_func, written the lab's way, with a loop written for the DataLoader the
+    kit's get_DP_loader returns: `train_loader.sampler.set_epoch(epoch)` before each epoch (and,
+    for DALI, the lab's `reset()` after it). Epochs args.start_epoch..args.epochs-1."""
     initialize_group(proc_id, args.ip, args.port, args.num_gpu)
     try:
         if args.mode == "ddp_dali":
@@ -69,42 +72,59 @@ def main_func(proc_id, args):
                                                              cutout=0, num_workers=1, download=False)
         model = model_to_DDP(tiny_model())
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        seen, steps, first = [], 0, {}
-        for images, labels in train_loader:
-            ids = decoded_ids(images)
-            assert [i % 10 for i in ids] == labels.tolist(), "labels do not follow the images"
-            seen += ids
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(images), labels).backward()
-            if steps == 0:
-                first = {"images": images.tolist(), "labels": labels.tolist(),
-                         "grads": [p.grad.tolist() for p in model.parameters()]}
-            optimizer.step()
-            steps += 1
+        epochs, first = [], {}
+        for epoch in range(args.start_epoch, args.epochs):
+            train_loader.sampler.set_epoch(epoch)
+            seen, sums, steps = [], [], 0
+            for images, labels in train_loader:
+                ids = decoded_ids(images)
+                assert [i % 10 for i in ids] == labels.tolist(), "labels do not follow the images"
+                seen, sums = seen + ids, sums + images.sum(dim=(1, 2, 3)).tolist()
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(images), labels).backward()
+                if not first:
+                    first = {"images": images.tolist(), "labels": labels.tolist(),
+                             "grads": [p.grad.tolist() for p in model.parameters()]}
+                optimizer.step()
+                steps += 1
+            if args.mode == "ddp_dali":
+                train_loader.reset()
+            epochs.append({"seen": seen, "sums": sums, "steps": steps})
         tested = [i for images, _ in test_loader for i in decoded_ids(images)]
-        record = {"seen": seen, "steps": steps, "len": len(train_loader), "tested": tested,
-                  "valid": valid_loader is None, "first": first}
+        record = {"epochs": epochs, "len": len(train_loader), "tested": tested, "valid": valid_loader is None,
+                  "first": first, "dataset": len(train_loader.dataset), "batch_size": train_loader.batch_size,
+                  "sampler": len(train_loader.sampler)}
         with open(os.path.join(args.ckpt, f"rank{proc_id}.json"), "w") as f:
             json.dump(record, f)
     finally:
         destroy_process()
 
 
+def run_kit(tmp_path, mode, data, *, start_epoch=0, epochs=2) -> list:
+    """The kit's flow on 2 CPU ranks; each rank's record."""
+    args = argparse.Namespace(num_gpu=2, ip="127.0.0.1", port=free_port(), data=data, ckpt=str(tmp_path),
+                              mode=mode, lr=0.1, start_epoch=start_epoch, epochs=epochs)
+    run_process(main_func, args)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
 @pytest.mark.parametrize("mode", ["ddp", "ddp_dali"])
 def test_the_kits_train_cifar_flow_covers_every_image_once_and_averages_gradients(tmp_path, mode):
     if mode == "ddp_dali":
         pytest.importorskip("nvidia.dali")
-    data = write_layouts(tmp_path)
-    args = argparse.Namespace(num_gpu=2, ip="127.0.0.1", port=free_port(), data=data[mode],
-                              ckpt=str(tmp_path), mode=mode, lr=0.1)
-    run_process(main_func, args)
+    data = write_layouts(tmp_path)[mode]
+    ranks = run_kit(tmp_path, mode, data)
 
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == list(range(N_TRAIN)), "not every image exactly once"
-    assert sorted(ranks[0]["tested"] + ranks[1]["tested"]) == list(range(N_TRAIN, N_TRAIN + N_TEST))
+    for epoch in range(2):
+        seen = ranks[0]["epochs"][epoch]["seen"] + ranks[1]["epochs"][epoch]["seen"]
+        assert sorted(seen) == list(range(N_TRAIN)), f"epoch {epoch}: not every image exactly once"
     for rank in ranks:
-        assert rank["len"] == rank["steps"] == N_TRAIN // 2 // TRAIN_BATCH
+        assert rank["epochs"][1]["seen"] != rank["epochs"][0]["seen"], "epoch 1 replayed epoch 0's order"
+        assert rank["len"] == rank["epochs"][0]["steps"] == rank["epochs"][1]["steps"] == N_TRAIN // 2 // TRAIN_BATCH
+        assert (rank["dataset"], rank["batch_size"], rank["sampler"]) == (N_TRAIN, TRAIN_BATCH, N_TRAIN // 2)
         assert rank["valid"], "valid_size=0 gives no validation loader"
+    tested = ranks[0]["tested"] + ranks[1]["tested"]
+    assert sorted(tested) == list(range(N_TRAIN, N_TRAIN + N_TEST))
     # DDP's averaged gradient equals one process's on the same global batch.
     model = tiny_model()
     images = torch.tensor(ranks[0]["first"]["images"] + ranks[1]["first"]["images"])
@@ -112,3 +132,12 @@ def test_the_kits_train_cifar_flow_covers_every_image_once_and_averages_gradient
     nn.functional.cross_entropy(model(images), labels).backward()
     for param, ddp_grad in zip(model.parameters(), ranks[0]["first"]["grads"]):
         torch.testing.assert_close(torch.tensor(ddp_grad), param.grad, atol=1e-5, rtol=1e-4)
+
+    # A run resumed at epoch 1 (sampler.set_epoch(1) on fresh loaders) replays its order; DALI
+    # replays its crops and flips too (its draws are seeded by epoch; the DataLoader's come
+    # from torch's global generator, which a resume would restore from its checkpoint).
+    resumed = run_kit(tmp_path, mode, data, start_epoch=1)
+    for rank, again in zip(ranks, resumed):
+        assert again["epochs"][0]["seen"] == rank["epochs"][1]["seen"], "the resumed epoch's order differs"
+        if mode == "ddp_dali":
+            assert again["epochs"][0]["sums"] == rank["epochs"][1]["sums"], "the resumed epoch's pixels differ"

@@ -363,3 +363,31 @@ def test_gpu_pipeline_matches_the_cpu_pipeline(tmp_path, source):
         outputs.append(pixels(torch.cat([x for x, _ in batches])))
     # nvJPEG and libjpeg-turbo may round their inverse DCTs differently by a level or two.
     torch.testing.assert_close(outputs[1], outputs[0], atol=3 if source == "jpeg" else 1e-3, rtol=0)
+
+
+def png_pass(loader):
+    """(labels, per-image pixel sums) of one pass, in the order the loader yields them."""
+    labels, sums = [], []
+    for images, y in loader:
+        labels += y.tolist()
+        sums += pixels(images).sum(dim=(1, 2, 3)).round().long().tolist()
+    return labels, sums
+
+
+def test_the_labs_reset_and_a_new_pass_go_on_to_the_next_epoch_and_set_epoch_replays_one(tmp_path):
+    """The lab's loop calls reset() after each epoch and never set_epoch: each epoch must still
+    be a new order with new crops (issue 39, defect 5). Before: reset() rebuilt epoch 0."""
+    from tests.lab.test_lab_kit import write_layouts
+    tree = write_layouts(tmp_path)["ddp_dali"]  # 10 classes, 40 training PNGs
+    _, train, _ = get_DALI_loader(5, 4, root=tree, cutout=8, num_workers=1, download=False, rank=0, world_size=1)
+    epoch0 = png_pass(train)
+    train.reset()
+    epoch1 = png_pass(train)
+    epoch2 = png_pass(train)  # a new pass without reset() goes on as well
+    assert epoch1 != epoch0 and epoch2 not in (epoch0, epoch1), "an epoch replayed an earlier one"
+    assert sorted(epoch1[0]) == sorted(epoch0[0]) == sorted(epoch2[0]), "every image once per pass"
+    _, resumed, _ = get_DALI_loader(5, 4, root=tree, cutout=8, num_workers=1, download=False, rank=0, world_size=1)
+    resumed.set_epoch(1)
+    assert png_pass(resumed) == epoch1, "set_epoch(1) must replay epoch 1 exactly"
+    train.set_epoch(2)
+    assert png_pass(train) == epoch2
