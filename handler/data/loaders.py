@@ -93,6 +93,8 @@ class DeviceLoader:
         self.loader, self.device = loader, device
         self.sampler, self.dataset, self.batch_size = loader.sampler, loader.dataset, loader.batch_size
         self.copies = device.type != "cpu"
+        self.last_epoch: Optional[int] = None  # the sampler's epoch in the last pass
+        self.epoch_set = False  # set_epoch called since that pass: replay what it names
 
     def __len__(self):
         return len(self.loader)
@@ -101,8 +103,20 @@ class DeviceLoader:
         set_epoch = getattr(self.sampler, "set_epoch", None)  # DistributedSampler's
         if set_epoch is not None:
             set_epoch(epoch)
+        self.epoch_set = True
+
+    def next_epoch_unless_set(self) -> None:
+        """A new pass that no set_epoch started is the next epoch, as DALI's reader and the
+        lab's DALIWrapper go on (the lab's loop never calls set_epoch): a DistributedSampler
+        alone would replay one order every epoch."""
+        epoch = getattr(self.sampler, "epoch", None)
+        if epoch is not None and epoch == self.last_epoch and not self.epoch_set:
+            epoch += 1
+            self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]  # DistributedSampler's
+        self.last_epoch, self.epoch_set = epoch, False
 
     def __iter__(self):
+        self.next_epoch_unless_set()
         batches = iter(self.loader)  # starts the workers: inside the loop's first wait for data
         for _ in range(len(self.loader)):
             try:

@@ -141,3 +141,27 @@ def test_the_kits_train_cifar_flow_covers_every_image_once_and_averages_gradient
         assert again["epochs"][0]["seen"] == rank["epochs"][1]["seen"], "the resumed epoch's order differs"
         if mode == "ddp_dali":
             assert again["epochs"][0]["sums"] == rank["epochs"][1]["sums"], "the resumed epoch's pixels differ"
+
+
+def test_the_ddp_loader_goes_on_to_the_next_epoch_without_set_epoch_and_set_epoch_replays_one(tmp_path):
+    """A loop written the kit's way may never call set_epoch: a DistributedSampler alone then
+    replays one order every epoch, while the DALI loader goes on. get_DDP_loader's train loader
+    goes on as DALI's does; set_epoch(e) still starts exactly epoch e (a resume replays it)."""
+    from handler.DDP.cifar10_loader import get_DDP_loader
+    root = write_layouts(tmp_path)["ddp"]
+
+    def train_loader():
+        return get_DDP_loader(10, TRAIN_BATCH, root=root, cutout=0, download=False, rank=0, world_size=1)[1]
+
+    def one_pass(loader):
+        return [i for images, _ in loader for i in decoded_ids(images)]
+
+    train = train_loader()
+    epochs = [one_pass(train) for _ in range(3)]
+    assert all(sorted(e) == list(range(N_TRAIN)) for e in epochs), "every image once per pass"
+    assert len({tuple(e) for e in epochs}) == 3, "a pass without set_epoch replayed an earlier epoch"
+    resumed = train_loader()
+    resumed.set_epoch(1)
+    assert one_pass(resumed) == epochs[1], "set_epoch(1) must replay epoch 1 exactly"
+    train.set_epoch(2)
+    assert one_pass(train) == epochs[2], "set_epoch(2) on a used loader must replay epoch 2"
