@@ -135,10 +135,11 @@ def predict(base: Base, n: int, link: Link, grad_mb: float, one_process: bool = 
         wait, device, window = base.wait, base.busy, base.window  # one host's cores, whatever the ranks
     comm = 0.0 if one_process else comm_at(base, processes, link, grad_mb)
     exposed = step_s(0.0, comm, window)
-    host = base.host if base.gpu else 0.0
-    step = max(wait + host, device) + exposed
-    keeps_up = max(host, device) + exposed
-    terms = {"loader": wait, "link": exposed, **({"host": host, "device": device} if base.gpu else {"cores": device})}
+    if base.gpu:  # the GPU runs while the host loads and launches: the longer of the two
+        step, keeps_up = max(wait + base.host, device) + exposed, max(base.host, device) + exposed
+    else:  # one host's cores do it all, in turn
+        step, keeps_up = wait + device + exposed, device + exposed
+    terms = {"loader": wait, "link": exposed, **({"host": base.host, "device": device} if base.gpu else {"cores": device})}
     bound = max(terms, key=lambda k: terms[k])
     return {"count": n, "processes": processes, "step_ms": step * 1e3, "epoch_s": step * base.steps_per_epoch,
             "keeps_up_epoch_s": keeps_up * base.steps_per_epoch, "terms_ms": {k: v * 1e3 for k, v in terms.items()},

@@ -17,6 +17,7 @@ from ..analysis import summarize
 from .figures import draw
 from ..nsys import REPORT_SUFFIXES, sqlite_export
 from ..trace import load_trace
+from ..whatif import lab_section
 
 KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
 KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
@@ -138,7 +139,7 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
         row["speedup_over_gpus"] = base["gpus"] if base else None
     rows.sort(key=lambda r: (r["mode"], r["gpus"]))
     (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": rows}, indent=2))
-    page = "\n".join(_page(rows))
+    page = "\n".join(_page(rows) + lab_section(rows))
     (out / "lab.md").write_text(page)
     return page
 
