@@ -167,3 +167,17 @@ def test_the_lab_page_section_predicts_each_mode_from_its_report_on_the_fewest_g
     assert "## What-if: the next run, predicted" in lines and whatif.ASSUMPTIONS in lines
     two = next(line for line in lines if line.startswith("| 2 GPUs |"))
     assert two.startswith("| 2 GPUs | 17.95 | 17.66 | +2 % |")
+
+
+def test_the_lab_page_of_real_exports_carries_the_what_if_section(tmp_path):
+    from handler.profiling.lab.page import write_lab
+    from tests.nsys_helpers import REAL_EXPORTS
+    from tests.profiling.lab.kit_exports import with_kit_ranges
+    source = REAL_EXPORTS[sorted(REAL_EXPORTS)[0]]
+    entries = []
+    for n in (1, 2):
+        with_kit_ranges(source, tmp_path / f"ddp_{n}.sqlite")
+        entries.append({"report": tmp_path / f"ddp_{n}.sqlite", "mode": "ddp", "gpus": n})
+    page = write_lab(entries, tmp_path / "lab")
+    assert "## What-if: the next run, predicted" in page and "### ddp" in page
+    assert "| 8 GPUs |" in page
