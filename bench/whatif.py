@@ -33,8 +33,7 @@ def run_matrix(folder: Path, train_args: list) -> dict:
     out = folder / "compare"
     command = [sys.executable, "-m", "handler.compare", "--lab", "--profile", "1", "--out", str(out), "--", *train_args]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
-    print(done.stdout, end="", flush=True)
+    done = subprocess.run(command, cwd=folder, env=env, stderr=subprocess.PIPE, text=True)  # its lines as they come
     results = out / "results.json"
     if not results.is_file():
         raise UserError(f"compare --lab wrote no results (exit {done.returncode}): "

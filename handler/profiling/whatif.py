@@ -179,7 +179,8 @@ def markdown(found: dict, title: str, measured: dict | None = None) -> list[str]
              "|---" * (5 + (2 if measured else 0)) + "|"]
     for c in found["cells"]:
         seen = (measured or {}).get(c["count"])
-        extra = ([f"{seen:.2f}", f"{(c['epoch_s'] - seen) / seen * 100:+.0f} %"] if seen else ["", ""]) if measured else []
+        error = "its report" if c["count"] == base.devices else f"{(c['epoch_s'] - seen) / seen * 100:+.0f} %" if seen else ""
+        extra = [f"{seen:.2f}" if seen else "", error] if measured else []
         lines.append("| " + " | ".join([devices(c["count"], base.gpu), f"{c['epoch_s']:.2f}", *extra,
                                         f"{c['keeps_up_epoch_s']:.2f}", f"{c['step_ms']:.1f}", c["bound"]]) + " |")
     return lines
@@ -199,7 +200,7 @@ def lab_section(rows: list[dict]) -> list[str]:
             lines += [f"- **{mode}**: no prediction: {err}.", ""]
             continue
         measured = {r["gpus"]: r["epoch_s"] for r in mine if r["epoch_s"]}
-        lines += [f"### {mode}", "", *markdown(found, f"{mode} on {base['gpus']}", measured), ""]
+        lines += [f"### {mode}", "", *markdown(found, f"the {mode} report", measured), ""]
     return lines
 
 

@@ -167,6 +167,8 @@ def test_the_lab_page_section_predicts_each_mode_from_its_report_on_the_fewest_g
     assert "## What-if: the next run, predicted" in lines and whatif.ASSUMPTIONS in lines
     two = next(line for line in lines if line.startswith("| 2 GPUs |"))
     assert two.startswith("| 2 GPUs | 17.95 | 17.66 | +2 % |")
+    assert any(line.startswith("| 1 GPU | 32.62 | 32.62 | its report |") for line in lines)
+    assert any(line.startswith("From the ddp report (1 GPU, 98 steps an epoch)") for line in lines)
 
 
 def test_the_lab_page_of_real_exports_carries_the_what_if_section(tmp_path):
