@@ -74,6 +74,7 @@ def base_of(summary: dict, grad_mb: float = RESNET18_GRAD_MB, bucket_cap_mb: flo
                         "run with python -m handler.profiling.report")
     rank = max(usable, key=lambda r: r["loop"]["epochs_s"])
     loop, steps = rank["loop"], rank["loop"]["steps"]
+    # the lab page's rows keep no per-epoch list, only the mean epoch (`epoch_s`)
     epochs = len(rank.get("epochs") or ()) or max(1, round(loop["epochs_s"] / (summary.get("epoch_s") or loop["epochs_s"])))
     phase = {k: (v or 0.0) / 1e3 for k, v in (loop.get("phase_ms") or {}).items()}
     wait = (loop.get("between_steps_ms") or 0.0) / 1e3 + phase.get("data", 0.0) + phase.get("h2d", 0.0)
