@@ -5,7 +5,7 @@
 Reads only the summary JSON (numpy alone; no torch, no nsys), so a report summarised on
 another machine can be predicted on a laptop. Each phase of a step goes to the resource it
 runs on; `ASSUMPTIONS` says how they scale, docs/PROFILING.md ("What-if") why. The all-reduce
-is bench.comm's step-time model (bench/comm_model.py, P10 in docs/COMM.md).
+is bench.comm's step-time model (bench/comm_model.py, "The model" in docs/COMM.md).
 """
 import argparse
 import json
@@ -41,7 +41,7 @@ ASSUMPTIONS = (
     "dp's, keeps it); on a CPU run the loaders and the ranks share the same cores, so it stays. Forward, backward "
     "and optimizer go to the device: on GPUs each rank's GPU does its share (busy time over the processes) while the "
     "host's launch work inside the step stays; on a CPU run the ranks share the host's cores, so the step's compute "
-    "stays. The all-reduce goes to the link: bench.comm's model (docs/COMM.md, P10), a ring of 2(n-1) messages "
+    "stays. The all-reduce goes to the link: bench.comm's model (docs/COMM.md), a ring of 2(n-1) messages "
     "carrying 2(n-1)/n of the gradients, its floor the report's own all-reduce time, the part backward hides "
     "scaling with the compute. A GPU step is the larger of (loader wait + host work) and the GPU's busy time, plus "
     "the exposed all-reduce; a CPU step is their sum. The bound of a cell is its largest term. Not modelled: host "
