@@ -115,7 +115,7 @@ def link_from(base: Base, grad_mb: float, given: Link | None) -> Link:
 
 
 def comm_at(base: Base, n: int, link: Link, grad_mb: float) -> float:
-    """All-reduce seconds per step at n processes: P10's exchange; its floor is a one-process
+    """All-reduce seconds per step at n processes: bench.comm's exchange_s; its floor is a one-process
     report's own all-reduce time (no wire), 0 for a report of several (their time is the wire's)."""
     floor = base.comm if (base.comm is not None and base.processes == 1) else 0.0
     if n < 2:
