@@ -158,9 +158,20 @@ def predict_comm(params: dict, hook: str, floor: float, wire_bytes: float, rate_
     message waits, the next bucket's bytes keep the link busy)."""
     waits = params["hooks"][hook]["kappa_base"] + params["gamma_per_mb"] * message_mb(wire_bytes, messages)
     latency = params["alpha_s"] + waits * delay_ms / 1e3
-    return float(soft_max(floor + messages * latency,
-                          params["beta"] * line_time(wire_bytes, rate_mbit) + messages / buckets * latency,
-                          params["power"]))
+    return exchange_s(floor, params["beta"] * line_time(wire_bytes, rate_mbit), messages, buckets, latency,
+                      params["power"])
+
+
+def exchange_s(floor: float, wire_s: float, messages: float, buckets: float, latency_s: float, power: float) -> float:
+    """One step's all-reduce: the CPU's bound (its floor, then every message's latency in turn)
+    or the wire's (its bytes at the link's rate, then one bucket's messages' latency), partly
+    added where they are close. The one formula of comm; handler/profiling/whatif.py uses it too."""
+    return float(soft_max(floor + messages * latency_s, wire_s + messages / buckets * latency_s, power))
+
+
+def step_s(compute: float, comm: float, window: float) -> float:
+    """A step: its compute, plus the all-reduce that backward's window cannot hide."""
+    return compute + max(0.0, comm - window)
 
 
 def predict_step(params: dict, hook: str, row: dict) -> float:
@@ -168,7 +179,7 @@ def predict_step(params: dict, hook: str, row: dict) -> float:
     h = params["hooks"][hook]
     comm = predict_comm(params, hook, h["floor_s"], row.get("bytes_per_step", h["bytes_per_step"]), row["rate_mbit"],
                         row["messages"], row["delay_ms"] or 0.0, row.get("buckets", h["buckets"]))
-    return h["compute_s"] + max(0.0, comm - h["window_s"])
+    return step_s(h["compute_s"], comm, h["window_s"])
 
 
 def _error(predicted: float, measured: float) -> dict:
@@ -208,7 +219,7 @@ def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
         wire = r["payload_bytes_per_step"] * ring_share(hosts) + messages * h["message_overhead_bytes"]
         floor = b["comm_s"] - messages * params["alpha_s"]  # the calibration cell's comm, less its latency
         comm = predict_comm(params, r["hook"], floor, wire, r["rate_mbit"], messages, r["delay_ms"] or 0.0, h["buckets"])
-        predicted = share * h["compute_s"] + max(0.0, comm - share * h["window_s"])
+        predicted = step_s(share * h["compute_s"], comm, share * h["window_s"])
         per_row.append({"hook": r["hook"], "cell": list(cell(r)), "wire_bytes_predicted": wire,
                         "wire_bytes_measured": r["bytes_per_step"], **_error(predicted, r["step_s"])})
     return {"hosts": hosts, "calibration": list(calibration), "cpu_share": share, "per_row": per_row,
@@ -244,10 +255,9 @@ def scaling(params: dict, hooks: dict, gpu_step_s: float, port_latency_s: float,
             for g in gbits:
                 sent = ring_share(n) * h["payload_bytes"] * overhead
                 messages = ring_messages(n, h["buckets"], h["collectives_per_bucket"])
-                comm = float(soft_max(messages * latency_s,  # no CPU floor: a GPU's copies are not this CPU's
-                                      params["beta"] * line_time(sent, g * 1000) + messages / h["buckets"] * latency_s,
-                                      params["power"]))
-                table[hook][f"{n}x{g}"] = gpu_step_s / (gpu_step_s + max(0.0, comm - window))
+                comm = exchange_s(0.0, params["beta"] * line_time(sent, g * 1000), messages, h["buckets"],  # no CPU
+                                  latency_s, params["power"])  # floor: a GPU's copies are not this CPU's
+                table[hook][f"{n}x{g}"] = gpu_step_s / step_s(gpu_step_s, comm, window)
     return {"efficiency": table, "window_share": share, "wire_overhead": overhead, "latency_s": latency,
             "nodes": list(nodes), "gbits": list(gbits)}
 

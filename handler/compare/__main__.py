@@ -35,6 +35,7 @@ from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError, one_line_errors
 from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, sweep_hooks
 from .plots import write_plots
+from .predict import add_predictions
 from .provenance import provenance
 from .report import pct, status, write_report
 from .results import build_rows, dataset_description, recipe
@@ -169,6 +170,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         interrupted = True
     rows = build_rows(outcomes)
+    add_predictions(rows, outcomes)
     report = write_report(out, rows, write_plots(rows, out, comm_bench), prov, recipe(outcomes),
                           dataset_description(outcomes), profile)
     if profile:  # the profiling report's lab page over the cells' reports (docs/PROFILING.md)

@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 from ..runtime.names import BACKWARD, DATA_GPU, FORWARD, OPTIMIZER
+from .predict import markdown as prediction_lines
 from .provenance import markdown as provenance_lines
 from .results import SHARES
 
@@ -56,7 +57,7 @@ def markdown(rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled
              "÷ ideal. Data wait is the share of epoch time spent waiting for the loader (metrics JSON). "
              "Phase shares are of training-batch time from the nsys NVTX ranges (docs/PROFILING.md), "
              "pooled over ranks; `other` is batch time no phase covers.", "",
-             "## Results", "", *results_table(rows), ""]
+             "## Results", "", *results_table(rows), "", *prediction_lines(rows)]
     lines += [f"### {title}\n\n![{title}]({name})\n" for title, name in plots.items()]
     lines += ["## Provenance", "",
               *provenance_lines(prov, {"dataset": dataset, "timing": timing,

@@ -38,6 +38,11 @@ class Row:
     phases: Optional[dict] = None  # share of training time per phase
     phase_source: str = ""  # "nsys", "nsys GPU time" (GPU runs), or "loop timers" from epochs[].phase_s
     gpu_metrics: Optional[dict] = None  # metric key -> mean over the cell's GPUs of the in-epoch mean
+    measured_epoch_s: Optional[float] = None  # epoch_s, beside the prediction (handler/compare/predict.py)
+    predicted_epoch_s: Optional[float] = None  # from the variant's cell with the fewest processes
+    prediction_error: Optional[float] = None  # (predicted - measured) / measured
+    predicted_bound: str = ""  # the resource the model says bounds this cell
+    predicted_from: str = ""  # the cell the prediction was made from
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -20,6 +20,7 @@ from ..analysis import summarize
 from .figures import draw
 from ..nsys import REPORT_SUFFIXES, sqlite_export
 from ..trace import load_trace
+from ..whatif import lab_section
 
 KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
 KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
@@ -160,7 +161,8 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
                "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
                "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
                "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
-                          "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"]}
+                          "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"],
+                          "comm": r["comm"]}
                          for r in summary["ranks"]],
                "gpu_table": summary["gpus"], "verdict": verdict(summary)}
         # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
@@ -178,7 +180,7 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
         row["speedup_over_gpus"] = base["gpus"] if base else None
     rows.sort(key=lambda r: (r["mode"], r["gpus"]))
     (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": rows}, indent=2))
-    page = "\n".join(_page(rows))
+    page = "\n".join(_page(rows) + lab_section(rows))
     (out / "lab.md").write_text(page)
     return page
 

@@ -1,0 +1,79 @@
+"""Each cell's epoch predicted from its variant's cell with the fewest processes, beside the
+measured one: the what-if model (handler/profiling/whatif.py) checked by the matrix.
+
+The model splits the base cell's profiled step by resource and scales it to each count; the
+ratio of the predicted step to the base's is applied to the base's measured epoch (the
+median of its epochs after the first, as every row's), so both columns are measured alike.
+"""
+from statistics import median
+
+from ..profiling.whatif import ASSUMPTIONS, RESNET18_GRAD_MB, predictions
+from ..runtime.errors import UserError
+
+_GRAD_MB: dict = {}
+
+
+def gradient_mb(metrics: dict | None) -> float:
+    """MB of fp32 gradients the run all-reduces per step: its model's parameters, counted."""
+    name = ((metrics or {}).get("config") or {}).get("model")
+    if not name:
+        return RESNET18_GRAD_MB
+    if name not in _GRAD_MB:
+        from models import build_model  # torch: the comparison has it; the what-if CLI does not need it
+        _GRAD_MB[name] = sum(p.numel() for p in build_model(name, 10).parameters()) * 4 / 1e6
+    return _GRAD_MB[name]
+
+
+def add_predictions(rows, outcomes) -> None:
+    """Sets measured_epoch_s on every finished row, and predicted_epoch_s, prediction_error
+    (signed, over the measured), predicted_bound and predicted_from on every other count of
+    a variant whose fewest-process cell was profiled."""
+    by_name = {o.cell.name: o for o in outcomes}
+    for row in rows:
+        row.measured_epoch_s = row.epoch_s
+    for label in sorted({r.label for r in rows}):
+        done = sorted((r for r in rows if r.label == label and r.epoch_s), key=lambda r: r.count)
+        if len(done) < 2 or not by_name[done[0].name].profile:
+            continue
+        base, outcome = done[0], by_name[done[0].name]
+        try:
+            found = predictions(outcome.profile, [r.count for r in done], grad_mb=gradient_mb(outcome.metrics),
+                                one_process=base.mode == "dp")
+        except UserError as err:
+            for row in done[1:]:
+                row.predicted_from = f"{base.name}: no prediction ({err})"
+            continue
+        cells = {c["count"]: c for c in found["cells"]}
+        own = cells[found["base"].devices]
+        for row in done[1:]:
+            cell = cells[row.count]
+            row.predicted_epoch_s = base.epoch_s * cell["epoch_s"] / own["epoch_s"]
+            row.prediction_error = (row.predicted_epoch_s - row.epoch_s) / row.epoch_s
+            row.predicted_bound, row.predicted_from = cell["bound"], base.name
+
+
+def median_error(rows) -> float | None:
+    errors = [abs(r.prediction_error) for r in rows if r.prediction_error is not None]
+    return median(errors) if errors else None
+
+
+def markdown(rows) -> list[str]:
+    """The report's section: predicted and measured epoch side by side, with the error."""
+    predicted = [r for r in rows if r.predicted_from]
+    if not predicted:
+        return []
+    lines = ["## Predicted from the fewest processes", "",
+             "Each cell's epoch predicted from the same variant's cell with the fewest processes "
+             "(`python -m handler.profiling.whatif` on its summary JSON), beside the measured one.", "",
+             "| cell | predicted from | predicted epoch s | measured epoch s | error | bound |", "|---|---|---|---|---|---|"]
+    for r in predicted:
+        if r.predicted_epoch_s is None:
+            lines.append(f"| {r.name} | {r.predicted_from} | — | {r.measured_epoch_s:.2f} | — | — |")
+            continue
+        lines.append(f"| {r.name} | {r.predicted_from} | {r.predicted_epoch_s:.2f} | {r.measured_epoch_s:.2f} | "
+                     f"{r.prediction_error * 100:+.1f} % | {r.predicted_bound} |")
+    error = median_error(rows)
+    if error is not None:
+        count = sum(r.prediction_error is not None for r in rows)
+        lines += ["", f"Median absolute error: {error * 100:.1f} % over {count} predicted cells."]
+    return [*lines, "", ASSUMPTIONS, ""]
