@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 DALI_VERSION = "2.4.0"
 TORCH_PINS = "torch==2.14.1 torchvision==0.29.1"  # as in requirements.txt (a test keeps them equal)
@@ -101,6 +101,13 @@ def smi_compute_capability(smi: str = "nvidia-smi") -> Optional[Capability]:
     """The lowest compute capability among the GPUs the driver lists, or None (as above)."""
     caps = smi_compute_capabilities(smi)
     return caps[0] if caps else None
+
+
+def smi_compute_modes(smi: str = "nvidia-smi") -> List[str]:
+    """Each listed GPU's compute mode ("Default", "Exclusive_Process", "Prohibited"); [] where
+    nvidia-smi cannot say. Like -L, it lists every GPU, whatever CUDA_VISIBLE_DEVICES says."""
+    answer = _smi("--query-gpu=compute_mode", "--format=csv,noheader", smi=smi)
+    return [line.strip() for line in answer.splitlines() if line.strip()]
 
 
 def _text(version: Capability) -> str:
