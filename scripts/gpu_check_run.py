@@ -65,14 +65,14 @@ def verify(metrics_path: Path, check: Check, epochs: int = 1, scale: Scale = GPU
 
 class Runner:
     def __init__(self, python: str, out: Path, scale: Scale = GPU, env: Optional[Dict[str, str]] = None,
-                 budget_s: float = 0):
+                 budget_s: float = 0, spent_s: float = 0):
         self.python, self.out, self.scale = python, out, scale
         self.env = env or {}  # for every launch (the rehearsal hides the GPUs)
         self.data = out / "data"
         # --budget's end: a launch still running then is stopped, so that a check slower than
         # its estimate cannot carry the whole command past the budget (one 10-minute command).
         self.budget_s = budget_s
-        self.deadline = time.monotonic() + budget_s if budget_s else math.inf
+        self.deadline = time.monotonic() + budget_s - spent_s if budget_s else math.inf
 
     def train_cmd(self, check: Check, folder: Path, *extra: str, images: int = 0) -> List[str]:
         return [self.python, str(ROOT / "train_cifar.py"), *self.scale.data_args(),
@@ -196,16 +196,16 @@ def drop_checkpoints(folder: Path) -> None:
 def run_all(checks: List[Check], runner: Callable[[Check], str], say: Callable[..., None] = print,
             budget_s: float = 0, scale: Scale = GPU, clock: Callable[[], float] = time.perf_counter,
             after: Callable[[List[Result]], object] = lambda results: None,
-            measured: Optional[Dict[str, float]] = None) -> List[Result]:
+            measured: Optional[Dict[str, float]] = None, spent_s: float = 0) -> List[Result]:
     """Each check in turn, one progress line each, and `after(results so far)` after each (the
     report is rewritten: a command killed from outside leaves the rows it finished). With a
     budget, a check whose estimate (its last measured seconds where there are some) no longer
-    fits in what is left is not started; its row says so."""
+    fits in what is left (`spent_s` of it went before this call) is not started; its row says so."""
     results: List[Result] = []
     began = clock()
     for i, check in enumerate(checks, 1):
         head = f"[{i}/{len(checks)}] {check.name} ..."
-        left = budget_s - (clock() - began) if budget_s else math.inf
+        left = budget_s - spent_s - (clock() - began) if budget_s else math.inf
         estimate = estimate_s(check, scale, measured)
         if check.skip:
             say(f"{head} skipped: {check.skip}", flush=True)
