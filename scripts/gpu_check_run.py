@@ -117,9 +117,16 @@ class Runner:
         shutil.rmtree(folder, ignore_errors=True)
         if check.kind == "pytest":
             return self.pytest(check, folder)
-        if check.kind == "train":  # tests no resume: keeps no checkpoint
-            proc = self.run(self.train_cmd(check, folder, "--epochs", "1", "--save", "none"), folder)
+        if check.kind in ("train", "tree"):  # tests no resume: keeps no checkpoint
+            tree = ("--data", str(self.png_tree()), "--dataset", "cifar10") if check.kind == "tree" else ()
+            proc = self.run(self.train_cmd(check, folder, "--epochs", "1", "--save", "none", *tree), folder)
             return self.failed(proc, folder) or verify(folder / "metrics.json", check, 1, self.scale)
+        if check.kind == "driver":
+            backend = dict(check.expect).get("env.backend")
+            proc = self.run([self.python, str(ROOT / "scripts" / "kit_driver.py"), *check.args, "--data",
+                             str(self.png_tree()), "--out", str(folder / "ranks"),
+                             *(("--expect-backend", str(backend)) if backend else ())], folder)
+            return self.failed(proc, folder)
         try:
             if check.kind == "resume":
                 first = self.run(self.train_cmd(check, folder, "--epochs", "2", "--stop-after", "1"), folder)
@@ -133,6 +140,14 @@ class Runner:
             raise ValueError(check.kind)
         finally:
             drop_checkpoints(folder)
+
+    def png_tree(self) -> Path:
+        """The kit's PNG tree at this scale (train and test images), written once under the data folder."""
+        root = self.data / "png_tree"
+        if not (root / "valid").is_dir():
+            from scripts.kit_driver import write_png_tree
+            write_png_tree(root, self.scale.train, self.scale.test)
+        return root
 
     @staticmethod
     def failed(proc: "subprocess.Popen[bytes]", folder: Path) -> str:
