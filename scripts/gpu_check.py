@@ -15,13 +15,15 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.gpu_check_machine import measured_times, module_present, no_dali_warning, nsys_problem, skip_lines  # noqa: E402
+from scripts.gpu_check_machine import (  # noqa: E402
+    measured_times, missing_pieces, module_present, no_dali_warning, nsys_problem, skip_lines)
 from scripts.gpu_check_plan import (  # noqa: E402
     GPU, ONE_GPU_MODES_TEST, REHEARSAL, SIGSTOP_TEST, Check, Scale, estimate_s, parse_part, plan, select, train)
 from scripts.gpu_check_rehearse import rehearse  # noqa: E402
@@ -78,7 +80,7 @@ def checks_for(gpus: int, args: argparse.Namespace, bf16: bool, measured: dict) 
     return [Check(**{**vars(c), "skip": problem}) if c is profiled and problem else c for c in chosen]
 
 
-def say_plan(checks: List[Check], scale: Scale, budget: float, measured: dict) -> None:
+def say_plan(checks: List[Check], scale: Scale, budget: float, measured: dict, spent: float = 0.0) -> None:
     total = sum(estimate_s(c, scale, measured) for c in checks)
     known = sum(1 for c in checks if c.name in measured and not c.skip)
     where = ("on this CPU (about 5 s a launch on an idle 2-core machine; CPU times say nothing about GPU times)"
@@ -86,11 +88,17 @@ def say_plan(checks: List[Check], scale: Scale, budget: float, measured: dict) -
     if known:
         where = f"{known} of them as measured in the last run here, the rest {where}"
     print(f"gpu_check: {len(checks)} checks; ESTIMATE {total / 60:.1f} min, {where}"
-          + (f"; --budget {budget:g} s" if budget else ""), flush=True)
+          + (f"; --budget {budget:g} s, {budget - spent:.0f} s of it left after the set-up" if budget else ""),
+          flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    started = time.monotonic()  # --budget counts from here: the environment and the nsys probe take time too
     args = arguments(argv)
+    missing = missing_pieces()
+    if missing:
+        print("\n".join(missing), file=sys.stderr)
+        return 2
     if args.rehearse:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: this process and every launch on the CPU
     from handler.runtime.devices import cuda_status
@@ -121,12 +129,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             skipped = f"  (skipped: {check.skip})" if check.skip else ""
             print(f"{estimate_s(check, scale, measured):5.0f} s  {check.name}{skipped}")
         return 0
-    return run(checks, args, scale, out, env, measured)
+    return run(checks, args, scale, out, env, measured, started)
 
 
 def run(checks: List[Check], args: argparse.Namespace, scale: Scale, out: Path, env: dict,
-        measured: Optional[dict] = None) -> int:
-    say_plan(checks, scale, args.budget, measured or {})
+        measured: Optional[dict] = None, started: Optional[float] = None) -> int:
+    """The checks in turn; --budget counts from `started` (time.monotonic(); default now)."""
+    spent = time.monotonic() - started if started is not None else 0.0
+    say_plan(checks, scale, args.budget, measured or {}, spent)
     print(f"gpu_check: {env['gpus']} x {env['gpu']}; logs under {out}/runs", flush=True)
     # The rehearsal's CPU launches wait passively, as the suite's do (tests/conftest.py): with
     # spinning OpenMP threads beside one busy core, its SIGTERM check took over 240 s, not 22 s.
@@ -134,7 +144,7 @@ def run(checks: List[Check], args: argparse.Namespace, scale: Scale, out: Path, 
         if args.rehearse else {}
     k, n = parse_part(args.part)
     stem = "gpu_check" if n == 1 else f"gpu_check_part{k}of{n}"
-    runner = Runner(sys.executable, out, scale, hidden, budget_s=args.budget)
+    runner = Runner(sys.executable, out, scale, hidden, budget_s=args.budget, spent_s=spent)
     done: List[Result] = []
 
     def after(results: List[Result]) -> None:
@@ -145,7 +155,8 @@ def run(checks: List[Check], args: argparse.Namespace, scale: Scale, out: Path, 
         raise Terminated()
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        results = run_all(checks, runner, budget_s=args.budget, scale=scale, after=after, measured=measured)
+        results = run_all(checks, runner, budget_s=args.budget, scale=scale, after=after, measured=measured,
+                          spent_s=spent)
     except Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the report short
         md, js = write_reports(stopped(checks, done), env, out, stem)

@@ -1,10 +1,11 @@
-"""What scripts/gpu_check.py asks of the machine before it runs: which optional pieces are
-there (DALI, pytest, an nsys that makes reports, a second GPU), one line per missing piece
-naming the rows it skips, and the seconds each check took in the last run in the same --out.
-docs/GPU_CHECK.md."""
+"""What scripts/gpu_check.py asks of the machine before it runs: whether this Python has every
+import the trainer needs, which optional pieces are there (DALI, pytest, an nsys that makes
+reports, a second GPU), one line per missing piece naming the rows it skips, and the seconds
+each check took in the last run in the same --out. docs/GPU_CHECK.md."""
 import importlib.util
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -19,6 +20,18 @@ def module_present(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ImportError:  # nvidia.dali: the namespace package may exist without dali
         return False
+
+
+# What train_cifar.py imports beyond the standard library (module: its pip package). A Python
+# with torch but without one of them would fail every row with a traceback.
+TRAINER_NEEDS = {"torch": "torch", "torchvision": "torchvision", "numpy": "numpy", "tqdm": "tqdm", "PIL": "pillow"}
+
+
+def missing_pieces() -> List[str]:
+    """One line per import the trainer needs and this Python lacks; empty when it has them all."""
+    return [f"gpu_check: {sys.executable} cannot import {module}, which train_cifar.py needs (every check "
+            f"would fail): pip install {package}, or name a Python that has it with PYTHON=" for module, package
+            in TRAINER_NEEDS.items() if not module_present(module)]
 
 
 def no_dali_warning() -> str:

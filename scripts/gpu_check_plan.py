@@ -46,7 +46,7 @@ REHEARSAL = Scale("cpu", "resnet20", 16, 1, 64, 32, 16, 1_600, 0.5, 120)
 @dataclass(frozen=True)
 class Check:
     name: str
-    kind: str  # train | resume | sigterm | profile | pytest
+    kind: str  # train | tree (train on a PNG tree made on the fly) | driver (scripts/kit_driver.py) | resume | sigterm | profile | pytest
     args: Tuple[str, ...] = ()  # train_cifar.py arguments beyond the data set-up, or pytest's
     gpus: int = 1
     skip: str = ""  # why it cannot run here ("" = it runs)
@@ -57,6 +57,19 @@ class Check:
 def train(name: str, *args: str, gpus: int = 1, skip: str = "", **expect: object) -> Check:
     return Check(name, "train", ("--num_gpu", str(gpus), *args), gpus, skip,
                  tuple((k.replace("__", "."), v) for k, v in expect.items()))
+
+
+def tree(name: str, *args: str, gpus: int = 1, skip: str = "", **expect: object) -> Check:
+    """ddp_dali on the kit's PNG tree (--dali-source files: on a GPU, DALI decodes it with
+    `mixed`), the path the lab runs by default; gpu_check writes a small tree first."""
+    return replace(train(name, "--mode", "ddp_dali", "--dali-source", "files", *args, gpus=gpus, skip=skip,
+                         config__dali_source="files", **expect), kind="tree")
+
+
+def driver(mode: str, skip: str = "") -> Check:
+    """The lab's functions called as the kit's train_cifar.py calls them, on 2 GPUs over NCCL."""
+    return Check(f"2 GPUs: lab-style driver: {mode} over NCCL", "driver", ("--mode", mode, "--num_gpu", "2"), 2, skip,
+                 (("env.backend", "nccl"),))
 
 
 def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = True, bf16: bool = True) -> List[Check]:
@@ -73,6 +86,7 @@ def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = Tr
         train("ddp", "--mode", "ddp", env__backend="nccl"),
         *(train(f"ddp_dali {src}", "--mode", "ddp_dali", "--dali-source", src, skip=no_dali,
                 config__dali_source=src) for src in DALI_SOURCES),
+        tree("ddp_dali files (PNG tree; mixed decode)", skip=no_dali),
         train("fsdp", "--mode", "fsdp"),
         # One stage: NCCL refuses two ranks on one GPU, so send/recv between stages is the 2-GPU pass's.
         train("pp (1 stage)", "--mode", "pp", env__backend="nccl"),
@@ -104,6 +118,9 @@ def two_gpu_pass(no_dali: str, no_pytest: str, amp: str, tests: bool) -> List[Ch
         train("2 GPUs: ddp --sync-bn", "--mode", "ddp", "--sync-bn", gpus=2, config__sync_bn=True),
         train("2 GPUs: ddp_dali jpeg", "--mode", "ddp_dali", "--dali-source", "jpeg", gpus=2,
               skip=no_dali, env__world_size=2),
+        tree("2 GPUs: ddp_dali files (PNG tree; mixed decode)", gpus=2, skip=no_dali, env__world_size=2),
+        driver("ddp"),
+        driver("ddp_dali", skip=no_dali),
         train("2 GPUs: fsdp", "--mode", "fsdp", gpus=2, env__world_size=2),
         train("2 GPUs: pp, 2 stages over NCCL", "--mode", "pp", gpus=2, env__backend="nccl", env__world_size=2),
         Check("2 GPUs: pp --resume (gathered checkpoint)", "resume", ("--num_gpu", "2", "--mode", "pp"), gpus=2),
@@ -116,7 +133,7 @@ def two_gpu_pass(no_dali: str, no_pytest: str, amp: str, tests: bool) -> List[Ch
 # records each check's seconds, and the next run in the same --out uses them instead. On an H100 one launch costs about 8 s
 # of start-up (torch import, CUDA context, NCCL set-up) plus a 2,560-image epoch; on a CPU
 # (the rehearsal) about 5 s with tiny data, measured on 2 cores.
-LAUNCHES: Dict[str, int] = {"train": 1, "resume": 2, "sigterm": 2, "profile": 1, "pytest": 1}
+LAUNCHES: Dict[str, int] = {"train": 1, "tree": 1, "driver": 1, "resume": 2, "sigterm": 2, "profile": 1, "pytest": 1}
 LAUNCH_S: Dict[str, float] = {"cuda": 14, "cpu": 5}
 ESTIMATE_BY_NAME_S: Dict[str, Dict[str, float]] = {
     "cuda": {"gpu-marked tests": 240, "2 GPUs: a SIGSTOPped rank is named": 40,

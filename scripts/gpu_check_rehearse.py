@@ -32,6 +32,8 @@ TRANSLATIONS: Dict[str, Translation] = {
     "ddp_dali memory": Translation(DALI_CPU),
     "ddp_dali raw": Translation(DALI_CPU),
     "ddp_dali jpeg": Translation("DALI decodes JPEG on the CPU (device=cpu) instead of nvJPEG's `mixed`"),
+    "ddp_dali files (PNG tree; mixed decode)": Translation("DALI decodes the PNG tree on the CPU (device=cpu) "
+                                                           "instead of `mixed`"),
     "fsdp": Translation("FSDP on one CPU rank over gloo"),
     "pp (1 stage)": Translation(GLOO),
     "bf16": Translation("CPU bf16 autocast instead of CUDA's"),
@@ -51,6 +53,11 @@ TRANSLATIONS: Dict[str, Translation] = {
     "2 GPUs: ddp over NCCL": Translation(CPU_RANKS + " (expects backend gloo)"),
     "2 GPUs: ddp --sync-bn": Translation("SyncBatchNorm runs on CUDA only: torch refuses CPU tensors", skip=True),
     "2 GPUs: ddp_dali jpeg": Translation("2 CPU ranks, DALI decoding JPEG on the CPU"),
+    "2 GPUs: ddp_dali files (PNG tree; mixed decode)": Translation("2 CPU ranks, DALI decoding the PNG tree on "
+                                                                   "the CPU"),
+    "2 GPUs: lab-style driver: ddp over NCCL": Translation(CPU_RANKS + " (expects backend gloo)"),
+    "2 GPUs: lab-style driver: ddp_dali over NCCL": Translation(CPU_RANKS + ", DALI's CPU pipelines (expects backend "
+                                                             "gloo)"),
     "2 GPUs: fsdp": Translation(CPU_RANKS),
     "2 GPUs: pp, 2 stages over NCCL": Translation(CPU_RANKS + ": send/recv over gloo (expects backend gloo)"),
     "2 GPUs: pp --resume (gathered checkpoint)": Translation(CPU_RANKS),

@@ -65,14 +65,14 @@ def verify(metrics_path: Path, check: Check, epochs: int = 1, scale: Scale = GPU
 
 class Runner:
     def __init__(self, python: str, out: Path, scale: Scale = GPU, env: Optional[Dict[str, str]] = None,
-                 budget_s: float = 0):
+                 budget_s: float = 0, spent_s: float = 0):
         self.python, self.out, self.scale = python, out, scale
         self.env = env or {}  # for every launch (the rehearsal hides the GPUs)
         self.data = out / "data"
         # --budget's end: a launch still running then is stopped, so that a check slower than
         # its estimate cannot carry the whole command past the budget (one 10-minute command).
         self.budget_s = budget_s
-        self.deadline = time.monotonic() + budget_s if budget_s else math.inf
+        self.deadline = time.monotonic() + budget_s - spent_s if budget_s else math.inf
 
     def train_cmd(self, check: Check, folder: Path, *extra: str, images: int = 0) -> List[str]:
         return [self.python, str(ROOT / "train_cifar.py"), *self.scale.data_args(),
@@ -117,9 +117,16 @@ class Runner:
         shutil.rmtree(folder, ignore_errors=True)
         if check.kind == "pytest":
             return self.pytest(check, folder)
-        if check.kind == "train":  # tests no resume: keeps no checkpoint
-            proc = self.run(self.train_cmd(check, folder, "--epochs", "1", "--save", "none"), folder)
+        if check.kind in ("train", "tree"):  # tests no resume: keeps no checkpoint
+            tree = ("--data", str(self.png_tree()), "--dataset", "cifar10") if check.kind == "tree" else ()
+            proc = self.run(self.train_cmd(check, folder, "--epochs", "1", "--save", "none", *tree), folder)
             return self.failed(proc, folder) or verify(folder / "metrics.json", check, 1, self.scale)
+        if check.kind == "driver":
+            backend = dict(check.expect).get("env.backend")
+            proc = self.run([self.python, str(ROOT / "scripts" / "kit_driver.py"), *check.args, "--data",
+                             str(self.png_tree()), "--out", str(folder / "ranks"),
+                             *(("--expect-backend", str(backend)) if backend else ())], folder)
+            return self.failed(proc, folder)
         try:
             if check.kind == "resume":
                 first = self.run(self.train_cmd(check, folder, "--epochs", "2", "--stop-after", "1"), folder)
@@ -133,6 +140,14 @@ class Runner:
             raise ValueError(check.kind)
         finally:
             drop_checkpoints(folder)
+
+    def png_tree(self) -> Path:
+        """The kit's PNG tree at this scale (train and test images), written once under the data folder."""
+        root = self.data / "png_tree"
+        if not (root / "valid").is_dir():
+            from scripts.kit_driver import write_png_tree
+            write_png_tree(root, self.scale.train, self.scale.test)
+        return root
 
     @staticmethod
     def failed(proc: "subprocess.Popen[bytes]", folder: Path) -> str:
@@ -196,16 +211,16 @@ def drop_checkpoints(folder: Path) -> None:
 def run_all(checks: List[Check], runner: Callable[[Check], str], say: Callable[..., None] = print,
             budget_s: float = 0, scale: Scale = GPU, clock: Callable[[], float] = time.perf_counter,
             after: Callable[[List[Result]], object] = lambda results: None,
-            measured: Optional[Dict[str, float]] = None) -> List[Result]:
+            measured: Optional[Dict[str, float]] = None, spent_s: float = 0) -> List[Result]:
     """Each check in turn, one progress line each, and `after(results so far)` after each (the
     report is rewritten: a command killed from outside leaves the rows it finished). With a
     budget, a check whose estimate (its last measured seconds where there are some) no longer
-    fits in what is left is not started; its row says so."""
+    fits in what is left (`spent_s` of it went before this call) is not started; its row says so."""
     results: List[Result] = []
     began = clock()
     for i, check in enumerate(checks, 1):
         head = f"[{i}/{len(checks)}] {check.name} ..."
-        left = budget_s - (clock() - began) if budget_s else math.inf
+        left = budget_s - spent_s - (clock() - began) if budget_s else math.inf
         estimate = estimate_s(check, scale, measured)
         if check.skip:
             say(f"{head} skipped: {check.skip}", flush=True)

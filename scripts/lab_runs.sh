@@ -2,13 +2,17 @@
 # The course kit's run flow for one mode, shared by scripts/run_{dp,ddp,ddp_dali}.sh: one run on
 # 1 GPU, then one on 2, each through scripts/launch.sh with the kit's settings. docs/LAB.md.
 #
-#   bash scripts/lab_runs.sh MODE       DATASET_DIR (dataset): the kit's data folder (its scripts/init.sh's)
+#   bash scripts/lab_runs.sh MODE [train_cifar.py arguments]   DATASET_DIR (dataset): the kit's data folder
 #
+# A count above the visible GPUs is skipped, in one line (a 1-GPU box runs the 1-GPU run only);
+# without a GPU both run as CPU processes.
 # Reports: nsight_logs/<mode>_<time>/gpu_<N>.nsys-rep; checkpoints: runs/<mode>_<time>/gpu_<N>.
 # dp and ddp read DATASET_DIR/cifar10 (torchvision's folder), ddp_dali DATASET_DIR/cifar10_images.
 set -euo pipefail
 
-MODE="${1:?usage: bash scripts/lab_runs.sh dp|ddp|ddp_dali}"
+MODE="${1:?usage: bash scripts/lab_runs.sh dp|ddp|ddp_dali [train_cifar.py arguments]}"
+shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "$MODE" in
     dp|ddp) data=cifar10 ;;
     ddp_dali) data=cifar10_images ;;
@@ -17,13 +21,23 @@ esac
 TIMESTAMP="${TIMESTAMP:-$(date +%Y%m%d_%H%M%S)}"
 export MODE DATA_DIR="${DATASET_DIR:-dataset}/$data"
 export NSIGHT_LOG_DIR="nsight_logs/${MODE}_$TIMESTAMP"
+if [[ -z "${PYTHON:-}" ]]; then
+    SETUP_KEEP_BUILD=1 bash "$ROOT/scripts/setup.sh" >&2 || { echo "lab_runs: set-up failed; see the pip output above" >&2; exit 2; }
+    export PYTHON="$ROOT/.venv/bin/python"
+fi
+# torch counts them, honouring the caller's CUDA_VISIBLE_DEVICES (handler/runtime/devices.py).
+visible="$(cd "$ROOT" && "$PYTHON" -m handler.runtime.devices)" || exit 2
 mkdir -p "$NSIGHT_LOG_DIR"
 
 for gpus in 1 2; do
+    if (( visible > 0 && gpus > visible )); then
+        echo "lab_runs: skipping the $gpus-GPU run of $MODE: $visible GPU(s) visible" >&2
+        continue
+    fi
     export NUM_GPUS=$gpus
     export LOCAL_GPU_IDS="$(seq -s, 0 $((gpus - 1)))"
     export CKPT_DIR="runs/${MODE}_$TIMESTAMP/gpu_$gpus"
     export NSIGHT_FILE_NAME="gpu_$gpus"
     mkdir -p "$CKPT_DIR"
-    bash "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+    bash "$ROOT/scripts/launch.sh" "$@"
 done

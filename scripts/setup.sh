@@ -4,9 +4,11 @@
 #
 #   scripts/setup.sh [requirements file]
 #
-# CUDA 13 driver: PyPI's torch + nvidia-dali-cuda130, unless a GPU is below compute capability
-# 7.5 (V100, P100), which CUDA 13 builds cannot run: then as for a CUDA 12 driver, torch from
-# PyTorch's cu126 index + nvidia-dali-cuda120. No GPU: PyPI's torch + nvidia-dali-cuda120.
+# The build follows the driver and the GPUs' lowest and highest compute capability
+# (handler/runtime/cuda_build.py; docs/GPU_CHECK.md "Builds"): PyPI's torch (CUDA 13) +
+# nvidia-dali-cuda130 where it fits, else torch from PyTorch's cu126 index (V100, P100; every
+# CUDA 12 driver) or cu128 one (Blackwell on a CUDA 12.8/12.9 driver) + nvidia-dali-cuda120. No
+# GPU: PyPI's torch + nvidia-dali-cuda120. Where no build fits, one line and exit 2.
 # TORCH_INDEX_URL overrides the torch index. SETUP_DRY_RUN=1 prints what it would do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,10 @@ run() { if [ "$dry" = 1 ]; then echo "setup: would run: $*"; else "$@"; fi; }
 
 # Standard library only, so it runs before .venv exists;
 # sets TORCH_INDEX_URL, TORCH_PINS, DALI_PACKAGE and REASON.
-build="$("$python" handler/runtime/cuda_build.py)" \
+chosen=0
+build="$("$python" handler/runtime/cuda_build.py)" || chosen=$?
+[ "$chosen" = 2 ] && exit 2  # no build fits this machine: cuda_build.py said why in one line
+[ "$chosen" = 0 ] \
     || { echo "setup: $python could not run handler/runtime/cuda_build.py; set PYTHON_BOOTSTRAP to a Python 3.9+" >&2; exit 1; }
 eval "$build"
 # What .venv holds (written after each install); a .venv made before setup.sh chose builds

@@ -3,24 +3,44 @@
 # techniques together, then a resume of each checkpoint format. CI runs it after the suite,
 # once for each torch below (docs/GPU_CHECK.md "Supported versions" has their time).
 #   SMOKE_TORCH=2.6 (default)  the oldest supported torch: requirements-oldtorch.txt in .venv-oldtorch
-#   SMOKE_TORCH=2.11           the torch GPU machines often come with (no DALI beside it):
-#                              requirements-torch211.txt in .venv-torch211; ddp_dali must refuse
-#                              in one line, and the Flight Recorder must dump a gloo group's record
+#   SMOKE_TORCH=2.11           the torch GPU machines often come with, on their Python 3.12:
+#                              requirements-torch211.txt in .venv-torch211; the Flight Recorder
+#                              must dump a gloo group's record
 # Builds the venv on first use. Usage: [SMOKE_TORCH=2.11] scripts/smoke_old_torch.sh
-#   SMOKE_MODES ("dp ddp ddp_dali fsdp pp"; 2.11: "ddp ddp_dali fsdp pp")   PYTHON_BOOTSTRAP (python3)
+#   SMOKE_MODES ("dp ddp ddp_dali fsdp pp")   PYTHON_BOOTSTRAP (2.6: python3; 2.11: python3.12,
+#   else pyenv's 3.12). A venv without DALI checks that ddp_dali refuses in one line instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "smoke: $*"; }
-# 2.11 leaves dp out: it takes none of the version shims, and the two smokes share CI's time.
+# The first Python 3.12 that runs: on PATH, else pyenv's (a pyenv shim fails where 3.12 is not selected).
+python312() {
+    local candidate
+    for candidate in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
+        "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1 \
+            && { command -v "$candidate"; return 0; }
+    done
+    return 1
+}
 case "${SMOKE_TORCH:-2.6}" in
-    2.6) venv=.venv-oldtorch req=requirements-oldtorch.txt default_modes="dp ddp ddp_dali fsdp pp" ;;
-    2.11) venv=.venv-torch211 req=requirements-torch211.txt default_modes="ddp ddp_dali fsdp pp" ;;
+    2.6) venv=.venv-oldtorch req=requirements-oldtorch.txt python_version="" bootstrap=python3 flag_modes="dp fsdp pp" ;;
+    2.11) venv=.venv-torch211 req=requirements-torch211.txt python_version=3.12 flag_modes="fsdp pp"
+          bootstrap="$(python312)" ;;
     *) say "SMOKE_TORCH=${SMOKE_TORCH}: use 2.6 or 2.11"; exit 2 ;;
 esac
+bootstrap="${PYTHON_BOOTSTRAP:-$bootstrap}"
+default_modes="dp ddp ddp_dali fsdp pp"
 
+# A venv of another Python (2.11's was 3.11 before it was 3.12's) is made again.
+if [ -x "$venv/bin/python" ] && [ -n "$python_version" ] \
+   && ! "$venv/bin/python" -c "import sys; sys.exit(f'{sys.version_info[0]}.{sys.version_info[1]}' != '$python_version')"; then
+    say "$venv is not Python $python_version: making it again"
+    rm -rf "$venv"
+fi
 if [ ! -x "$venv/bin/python" ]; then
-    say "creating $venv with $("${PYTHON_BOOTSTRAP:-python3}" --version)"
-    "${PYTHON_BOOTSTRAP:-python3}" -m venv "$venv" || exit 1
+    [ -n "$bootstrap" ] && command -v "$bootstrap" >/dev/null 2>&1 \
+        || { say "no Python ${python_version:-3} to make $venv with: install python$python_version or set PYTHON_BOOTSTRAP"; exit 1; }
+    say "creating $venv with $("$bootstrap" --version)"
+    "$bootstrap" -m venv "$venv" || exit 1
 fi
 stamp="$venv/.installed-$(sha1sum "$req" | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
@@ -37,7 +57,7 @@ if (( ! dali )) && [[ " $modes " == *" ddp_dali "* ]]; then
     modes="$(echo ${modes/ddp_dali/})"  # unquoted: one space between the rest
     say "no DALI in $venv: ddp_dali is checked to refuse in one line instead of training"
 fi
-say "torch $torch_version, CPU (GPUs hidden), modes: $modes"
+say "torch $torch_version on Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'), CPU (GPUs hidden), modes: $modes"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -76,11 +96,13 @@ done
 # The optional techniques together, bf16 included (4 steps: cheap even where bf16 is emulated).
 # fsdp and pp with --channels-last failed on this torch: non-contiguous parameters, and stage
 # 0's input strides checked against an NCHW example.
-has dp && check "dp + toolbox flags" 1 "$work/flags-dp" --mode dp --epochs 1 \
+# 2.11 leaves dp's out: dp takes no version shim, and the two smokes share CI's 5 minutes.
+flags() { has "$1" && [[ " $flag_modes " == *" $1 "* ]]; }
+flags dp && check "dp + toolbox flags" 1 "$work/flags-dp" --mode dp --epochs 1 \
     --amp bf16 --channels-last --accum-steps 2 --activation-checkpointing --dp-balanced
-has fsdp && check "fsdp + toolbox flags" 1 "$work/flags-fsdp" --mode fsdp --epochs 1 \
+flags fsdp && check "fsdp + toolbox flags" 1 "$work/flags-fsdp" --mode fsdp --epochs 1 \
     --amp bf16 --channels-last --accum-steps 2 --activation-checkpointing
-has pp && check "pp + toolbox flags" 1 "$work/flags-pp" --mode pp --epochs 1 \
+flags pp && check "pp + toolbox flags" 1 "$work/flags-pp" --mode pp --epochs 1 \
     --amp bf16 --channels-last --activation-checkpointing
 # Checkpoints written by this torch load back in it: the plain one (ddp), the sharded one
 # (fsdp), and pp's stages gathered into the plain one.

@@ -88,8 +88,10 @@ def _from_files(shard: Shard, source: dict, *, decode: bool, train: bool):
     data, label = fn.readers.file(
         **source, name=READER, shard_id=shard.shard_id, num_shards=shard.num_shards, stick_to_shard=True,
         random_shuffle=train, pad_last_batch=True)
-    if decode:
-        images = fn.decoders.image(data, device="mixed" if shard.gpu else "cpu", output_type=types.DALIImageType.RGB)
+    if decode and shard.gpu:
+        images = fn.decoders.image(data, device="mixed", output_type=types.DALIImageType.RGB)  # gpu-only: gpu_check rows `ddp_dali files (PNG tree; mixed decode)` and `2 GPUs: ddp_dali files (PNG tree; mixed decode)`
+    elif decode:
+        images = fn.decoders.image(data, device="cpu", output_type=types.DALIImageType.RGB)
     else:
         images = fn.reshape(data, shape=[SIZE, SIZE, 3], layout="HWC")
         images = images.gpu() if shard.gpu else images

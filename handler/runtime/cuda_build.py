@@ -5,6 +5,7 @@ virtual environment exists, and handler/runtime/devices.py uses it to name the f
 torch cannot use the machine's GPUs.
 
     python3 handler/runtime/cuda_build.py    # prints TORCH_INDEX_URL=..., TORCH_PINS=..., DALI_PACKAGE=..., REASON=...
+                                             # or, where no build fits, one line and exit 2
 """
 import os
 import re
@@ -12,13 +13,44 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 DALI_VERSION = "2.4.0"
 TORCH_PINS = "torch==2.14.1 torchvision==0.29.1"  # as in requirements.txt (a test keeps them equal)
 CU12_INDEX = "https://download.pytorch.org/whl/cu126"
+CU128_INDEX = "https://download.pytorch.org/whl/cu128"
 SMI_TIMEOUT_S = 10
 CUDA13_MIN_CAPABILITY = (7, 5)  # Turing: the oldest GPU that torch's CUDA 13 builds run on
+Capability = Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    name: str
+    index_url: Optional[str]  # None: PyPI's default torch
+    min_driver: Capability  # the oldest driver CUDA version it runs on
+    kernels: Tuple[Capability, ...]  # the architectures it carries kernels for
+    dali_package: str
+
+
+_DALI12, _DALI13 = f"nvidia-dali-cuda120=={DALI_VERSION}", f"nvidia-dali-cuda130=={DALI_VERSION}"
+# torch 2.14's builds, oldest CUDA first. cu126 runs on every 12.x driver (CUDA's minor-version
+# compatibility) and keeps Maxwell to Volta, but stops at sm_90. cu128 adds Blackwell (sm_100
+# B200, sm_120 RTX 50xx), whose drivers are R570 (CUDA 12.8) or newer; Volta is counted as
+# cu126's, the build that certainly has it. PyPI's default is a CUDA 13 build: 7.5 and newer
+# (CUDA 13 cannot build for Maxwell, Pascal or Volta). torch 2.14 is the last release with cu126
+# wheels: a TORCH_PINS bump past 2.14 leaves GPUs below 7.5 without a build, refused in one line.
+BUILDS = (
+    TorchBuild("cu126", CU12_INDEX, (12, 0), ((5, 0), (6, 0), (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)), _DALI12),
+    TorchBuild("cu128", CU128_INDEX, (12, 8), ((7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)), _DALI12),
+    TorchBuild("PyPI's default (CUDA 13)", None, (13, 0),
+               ((7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (11, 0), (12, 0)), _DALI13),
+)
+
+
+def has_kernels(build: TorchBuild, capability: Capability) -> bool:
+    """A kernel built for sm_XY runs on every GPU of major X and minor Y or above (sm_86 on 8.9)."""
+    return any(major == capability[0] and minor <= capability[1] for major, minor in build.kernels)
 
 
 @dataclass(frozen=True)
@@ -26,6 +58,7 @@ class Build:
     torch_index_url: Optional[str]  # None: PyPI's default torch (a CUDA 13 build)
     dali_package: str
     reason: str
+    ok: bool = True  # False: no build fits; `reason` is the one line that says why
 
 
 def _smi(*args: str, smi: str = "nvidia-smi") -> str:
@@ -46,7 +79,7 @@ def smi_gpu_count(smi: str = "nvidia-smi") -> int:
     return sum(line.startswith("GPU ") for line in smi_gpu_list(smi).splitlines())
 
 
-def driver_cuda_version(smi: str = "nvidia-smi") -> Optional[Tuple[int, int]]:
+def driver_cuda_version(smi: str = "nvidia-smi") -> Optional[Capability]:
     """The newest CUDA this driver runs ("CUDA Version: 12.4" in nvidia-smi's header),
     or None without a working nvidia-smi or without GPUs."""
     if not smi_gpu_count(smi):
@@ -55,49 +88,81 @@ def driver_cuda_version(smi: str = "nvidia-smi") -> Optional[Tuple[int, int]]:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
-def smi_compute_capability(smi: str = "nvidia-smi") -> Optional[Tuple[int, int]]:
-    """The lowest compute capability among the GPUs the driver lists ("7.0" for a V100), or
-    None where nvidia-smi cannot say (drivers before 510 lack the compute_cap field)."""
+def smi_compute_capabilities(smi: str = "nvidia-smi") -> Optional[Tuple[Capability, Capability]]:
+    """The lowest and the highest compute capability among the GPUs the driver lists ((7, 0) for
+    a V100), or None where nvidia-smi cannot say (drivers before 510 lack the compute_cap field)."""
     found = re.findall(r"^\s*(\d+)\.(\d+)\s*$", _smi("--query-gpu=compute_cap", "--format=csv,noheader", smi=smi),
                        re.MULTILINE)
-    return min((int(major), int(minor)) for major, minor in found) if found else None
+    caps = [(int(major), int(minor)) for major, minor in found]
+    return (min(caps), max(caps)) if caps else None
 
 
-def choose_build(driver: Optional[Tuple[int, int]], override_url: Optional[str] = None,
-                 capability: Optional[Tuple[int, int]] = None) -> Build:
-    """The builds for a driver that runs CUDA `driver` and GPUs whose lowest compute
-    capability is `capability` (None: unknown, taken as new enough)."""
+def smi_compute_capability(smi: str = "nvidia-smi") -> Optional[Capability]:
+    """The lowest compute capability among the GPUs the driver lists, or None (as above)."""
+    caps = smi_compute_capabilities(smi)
+    return caps[0] if caps else None
+
+
+def smi_compute_modes(smi: str = "nvidia-smi") -> List[str]:
+    """Each listed GPU's compute mode ("Default", "Exclusive_Process", "Prohibited"); [] where
+    nvidia-smi cannot say. Like -L, it lists every GPU, whatever CUDA_VISIBLE_DEVICES says."""
+    answer = _smi("--query-gpu=compute_mode", "--format=csv,noheader", smi=smi)
+    return [line.strip() for line in answer.splitlines() if line.strip()]
+
+
+def _text(version: Capability) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def choose_build(driver: Optional[Capability], override_url: Optional[str] = None,
+                 capability: Optional[Capability] = None, highest: Optional[Capability] = None) -> Build:
+    """The builds for a driver that runs CUDA `driver` and GPUs whose lowest compute capability
+    is `capability` and highest `highest` (None: unknown, taken as new enough and as the lowest).
+    PyPI's default where it fits all three; else the oldest build with kernels for both."""
     if driver is None:
-        build = Build(None, f"nvidia-dali-cuda120=={DALI_VERSION}", "no NVIDIA GPU: PyPI's torch (runs on the CPU)")
-    elif driver[0] >= 13 and capability is not None and capability < CUDA13_MIN_CAPABILITY:
-        # A CUDA 13 driver (R580) runs older GPUs too, but torch's CUDA 13 builds carry
-        # kernels for 7.5 and newer only (CUDA 13 cannot build for Maxwell, Pascal or Volta):
-        # training would die with "no kernel image is available". The cu126 builds carry them,
-        # and torch 2.14 is the last release that publishes cu126 wheels: torch 2.15 drops
-        # them. A TORCH_PINS bump past 2.14 leaves these GPUs without a build, and this branch
-        # must then refuse them in one line instead.
-        build = Build(CU12_INDEX, f"nvidia-dali-cuda120=={DALI_VERSION}",
-                      f"CUDA {driver[0]}.{driver[1]} driver, but compute capability {capability[0]}.{capability[1]} "
-                      "is below the 7.5 that CUDA 13 builds need: torch from PyTorch's cu126 index")
-    elif driver[0] >= 13:
-        build = Build(None, f"nvidia-dali-cuda130=={DALI_VERSION}",
-                      f"CUDA {driver[0]}.{driver[1]} driver: PyPI's torch (a CUDA 13 build)")
-    elif driver[0] == 12:
-        # CUDA's minor-version compatibility: a cu126 build runs on every 12.x driver.
-        build = Build(CU12_INDEX, f"nvidia-dali-cuda120=={DALI_VERSION}",
-                      f"CUDA {driver[0]}.{driver[1]} driver: torch from PyTorch's cu126 index")
+        return Build(override_url, _DALI12, "no NVIDIA GPU: PyPI's torch (runs on the CPU)"
+                     + ("; torch index from TORCH_INDEX_URL" if override_url else ""))
+    if driver[0] < 12:
+        build = Build(None, _DALI12, f"CUDA {_text(driver)} driver is older than CUDA 12, which torch 2.6+ needs: "
+                                     "update the NVIDIA driver (or hide the GPUs with CUDA_VISIBLE_DEVICES=)")
     else:
-        build = Build(None, f"nvidia-dali-cuda120=={DALI_VERSION}",
-                      f"CUDA {driver[0]}.{driver[1]} driver is older than CUDA 12, which torch 2.6+ needs: "
-                      "update the NVIDIA driver (or hide the GPUs with CUDA_VISIBLE_DEVICES=)")
-    if override_url:
+        build = _fitting(driver, capability, highest or capability)
+    if override_url and build.ok:
         build = Build(override_url, build.dali_package, f"{build.reason}; torch index from TORCH_INDEX_URL")
     return build
 
 
-def install_hint(driver: Optional[Tuple[int, int]]) -> str:
-    """The pip command that installs the build matching `driver`."""
-    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), smi_compute_capability())
+def _fitting(driver: Capability, lowest: Optional[Capability], highest: Optional[Capability]) -> Build:
+    with_kernels = [b for b in BUILDS if all(c is None or has_kernels(b, c) for c in (lowest, highest))]
+    runs = [b for b in with_kernels if driver >= b.min_driver]
+    gpus = ("GPUs of compute capability " + (_text(lowest) if lowest == highest else f"{_text(lowest)} to {_text(highest)}")
+            if lowest and highest else "GPUs of unknown compute capability")
+    if not with_kernels:
+        assert lowest is not None and highest is not None  # no build lacks kernels for an unknown GPU
+        if lowest == highest:
+            return Build(None, _DALI12, f"no torch {TORCH_PINS.split()[0]} build has kernels for compute capability "
+                                        f"{_text(lowest)}: hide these GPUs with CUDA_VISIBLE_DEVICES= to run on the CPU",
+                         ok=False)
+        return Build(None, _DALI12, f"no torch build has kernels for both compute capability {_text(lowest)} and "
+                                    f"{_text(highest)} (cu126 stops at 9.0, newer builds start at 7.5): separate "
+                                    "the GPUs with CUDA_VISIBLE_DEVICES and set up each kind apart", ok=False)
+    if not runs:
+        need = min(b.min_driver for b in with_kernels)
+        return Build(None, _DALI12, f"{gpus} need a CUDA {_text(need)} or newer driver for a torch build with their "
+                                    f"kernels, and this one runs CUDA {_text(driver)}: update the NVIDIA driver", ok=False)
+    build = next((b for b in runs if b.index_url is None), runs[0])
+    below = (f" ({_text(lowest)} is below the 7.5 that CUDA 13 builds need)"
+             if driver[0] >= 13 and lowest and lowest < CUDA13_MIN_CAPABILITY else "")
+    return Build(build.index_url, build.dali_package,
+                 f"CUDA {_text(driver)} driver, {gpus}{below}: torch {build.name}"
+                 + (f" from {build.index_url}" if build.index_url else ""))
+
+
+def install_hint(driver: Optional[Capability]) -> str:
+    """The pip command that installs the build matching `driver` and the GPUs."""
+    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), *(smi_compute_capabilities() or (None, None)))
+    if not build.ok:
+        return build.reason
     index = f" --index-url {build.torch_index_url}" if build.torch_index_url else ""
     return (f"pip install --force-reinstall {TORCH_PINS}{index} && pip install {build.dali_package} "
             "(scripts/setup.sh does this)")
@@ -106,13 +171,17 @@ def install_hint(driver: Optional[Tuple[int, int]]) -> str:
 def dali_install_hint() -> str:
     """The one DALI install hint (a missing DALI in --mode ddp_dali, scripts/gpu_check.py): the
     build for this machine's driver, as scripts/setup.sh would choose it."""
-    package = choose_build(driver_cuda_version(), capability=smi_compute_capability()).dali_package
+    package = choose_build(driver_cuda_version(), None, *(smi_compute_capabilities() or (None, None))).dali_package
     return f"pip install {package} (the build for this machine's NVIDIA driver; scripts/setup.sh installs it)"
 
 
 def main() -> int:
     driver = driver_cuda_version()
-    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), smi_compute_capability() if driver else None)
+    caps = smi_compute_capabilities() if driver else None
+    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), *(caps or (None, None)))
+    if not build.ok:
+        print(f"setup: no torch build fits this machine: {build.reason}", file=sys.stderr)
+        return 2
     print(f"TORCH_INDEX_URL={shlex.quote(build.torch_index_url or '')}")
     print(f"TORCH_PINS={shlex.quote(TORCH_PINS)}")
     print(f"DALI_PACKAGE={shlex.quote(build.dali_package)}")

@@ -5,21 +5,36 @@ handler/DDP/utils.py's initialize_group names NCCL_P2P_DISABLE=1 when a start ha
 
 - a kernel runs on every GPU (a torch build without kernels for the GPU's architecture, such
   as an RTX 50xx with an older build, fails only at the first kernel);
-- GPU<->GPU copies return what was sent (peer-to-peer is broken on some hosts: DataParallel
-  then trains on garbage and its loss goes NaN; NCCL may hang at start);
-- /dev/shm is big enough for NCCL's shared-memory transport (a container's default 64 MB is not).
-The GPU count is checked where --num_gpu is parsed (handler/train/config.py).
+- GPU<->GPU copies return what was sent, within a bound (peer-to-peer is broken on some hosts:
+  DataParallel then trains on garbage and its loss goes NaN, or the copy hangs; NCCL may hang
+  at start);
+- /dev/shm is big enough for NCCL's shared-memory transport (a container's default 64 MB is not);
+- the GPUs' compute mode (nvidia-smi): what EXCLUSIVE_PROCESS means for the mode, in one line.
+The launcher runs the GPU checks in a short-lived child process (`child_main`), so no CUDA context of theirs outlives them: one per GPU held for a
+whole run, and fatal where a GPU takes one process only. Under torchrun each worker checks only
+its own GPU, after set_device. The GPU count is checked where --num_gpu is parsed
+(handler/train/config.py).
 """
+import json
 import os
+import queue
+import subprocess
 import sys
+import tempfile
 import threading
+import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional, Tuple
 
 from .errors import UserError
 
 SHM_MIN_BYTES = 512 * 2**20
 START_BOUND_S = 60.0
+KERNELS_BOUND_S = 120.0  # the child's start (torch import) and a CUDA context per GPU
+COPIES_BOUND_S = 30.0  # 4 MB each way per GPU pair: milliseconds where peer-to-peer works
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = "import sys; from handler.runtime.machine import child_main; sys.exit(child_main(sys.argv[1:]))"
 GO_ON = "HARNESS_ALLOW_BROKEN_PEERS"  # =1: train DataParallel over broken peer-to-peer anyway
 
 
@@ -34,10 +49,10 @@ def _cuda_copy(src: int, dst: int) -> bool:
     return bool(torch.equal(sent.to(f"cuda:{dst}").cpu(), sent.cpu()))
 
 
-def check_kernels(count: int, run: Optional[Callable[[int], float]] = None) -> None:
-    """A small kernel on each of `count` GPUs gives the right answer, or one line names the fix."""
+def check_kernels(count: int, run: Optional[Callable[[int], float]] = None, first: int = 0) -> None:
+    """A small kernel on each of GPUs first..count-1 gives the right answer, or one line names the fix."""
     run = run or _cuda_kernel
-    for index in range(count):
+    for index in range(first, count):
         try:
             ok = run(index) == 16.0
             reason = "returned a wrong value"
@@ -68,6 +83,17 @@ def check_peer_copies(count: int, mode: str, copy: Optional[Callable[[int, int],
     return f"warning: {what}; if the run hangs or its loss goes NaN, set NCCL_P2P_DISABLE=1"
 
 
+def hung_copies_line(mode: str, bound_s: float) -> str:
+    """The one line for GPU<->GPU copies that passed their bound: refuses dp (as broken copies
+    do), a warning for the NCCL modes."""
+    what = (f"GPU<->GPU copies did not finish within {bound_s:.0f} s (peer-to-peer hangs on this host; the usual "
+            "cause is the IOMMU or PCIe ACS routing peer traffic through the CPU's root complex)")
+    if mode == "dp" and os.environ.get(GO_ON) != "1":
+        raise UserError(f"{what}: DataParallel would hang; use --mode ddp with NCCL_P2P_DISABLE=1, or turn off "
+                        f"the IOMMU/ACS for peer-to-peer, or set {GO_ON}=1 to go on anyway")
+    return f"warning: {what}; NCCL would hang at start: set NCCL_P2P_DISABLE=1 (or turn off the IOMMU/ACS)"
+
+
 def check_shm(path: str = "/dev/shm", min_bytes: Optional[int] = None) -> str:
     """A warning when `path` is smaller than NCCL's shared-memory transport needs (SHM_MIN_BYTES), else ""."""
     min_bytes = SHM_MIN_BYTES if min_bytes is None else min_bytes
@@ -81,32 +107,141 @@ def check_shm(path: str = "/dev/shm", min_bytes: Optional[int] = None) -> str:
             "with 'unhandled system error'); set NCCL_SHM_DISABLE=1 or give the container --shm-size=1g")
 
 
-def findings(count: int) -> List[str]:
-    """Every check on `count` GPUs, as the lines a run would print or stop with (scripts/gpu_check
-    puts them in its report); empty when all pass."""
-    lines = []
-    try:
-        check_kernels(count)
-    except UserError as err:
-        lines.append(str(err))
+EXCLUSIVE_MEANING = {
+    "dp": "DataParallel drives every GPU from its one process: the run fits, and no other process can use them "
+          "meanwhile",
+    "ddp": "each rank holds only its own GPU (the launcher's checks ran in a child that has exited): the run fits "
+           "while no other process holds one of them; under torchrun start at most one process per GPU",
+    "fsdp": "each rank holds only its own GPU, as for ddp: the run fits while no other process holds one of them",
+    "pp": "each stage's rank holds only its own GPU: the run fits while no other process holds one of them",
+}
+EXCLUSIVE_MEANING["ddp_dali"] = EXCLUSIVE_MEANING["ddp"].replace("each rank", "each rank (DALI's pipeline with it)")
+
+
+def compute_mode_lines(mode: str, modes: List[str]) -> Tuple[str, str]:
+    """(a note on EXCLUSIVE_PROCESS GPUs saying what it means for `mode`, a refusal for
+    PROHIBITED ones), each "" where none is so; `modes` as nvidia-smi lists them."""
+    def listed(kind: str) -> str:
+        return ", ".join(str(i) for i, m in enumerate(modes) if m.replace(" ", "_").lower() == kind)
+    exclusive, prohibited = listed("exclusive_process"), listed("prohibited")
+    note = (f"note: GPU {exclusive} (as nvidia-smi numbers them) in compute mode EXCLUSIVE_PROCESS, one process "
+            f"per GPU: {EXCLUSIVE_MEANING.get(mode, EXCLUSIVE_MEANING['ddp'])}") if exclusive else ""
+    refusal = (f"GPU {prohibited} (as nvidia-smi numbers them) in compute mode PROHIBITED: no process may use "
+               "it; hide it with CUDA_VISIBLE_DEVICES, or have it set to DEFAULT (nvidia-smi -c DEFAULT, as root)"
+               ) if prohibited else ""
+    return note, refusal
+
+
+def run_checks(count: int, mode: str, nccl: bool, say: Callable[[str], None] = lambda stage: None,
+               ) -> List[str]:
+    """Kernels on `count` GPUs, then (2+) peer copies, and /dev/shm where `nccl`; the warnings.
+    UserError for a failure. `say` names each stage as it starts (the child's bound uses it)."""
+    say("kernels")
+    check_kernels(count)
+    warnings = []
     if count > 1:
-        lines.append(check_peer_copies(count, "ddp"))
-    lines.append(check_shm())
-    return [line for line in lines if line]
+        say("copies")
+        warnings.append(check_peer_copies(count, mode))
+        say("done")
+        if nccl:
+            warnings.append(check_shm())
+    return [line for line in warnings if line]
+
+
+def checks_in_child(count: int, mode: str, nccl: bool) -> List[str]:
+    """run_checks in a short-lived child process, bounded: the copies by COPIES_BOUND_S (a hung
+    peer-to-peer copy is named in one line), the rest by KERNELS_BOUND_S. The warnings; UserError."""
+    cmd = [sys.executable, "-c", CHILD, str(count), mode, "nccl" if nccl else "-"]
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True)
+        out = proc.stdout
+        assert out is not None  # PIPE
+        said: "queue.Queue[str]" = queue.Queue()  # the child's lines, read beside the clock
+        reader = threading.Thread(target=lambda: [said.put(line) for line in out], daemon=True)
+        reader.start()
+        stage, deadline, answer = "start", time.monotonic() + KERNELS_BOUND_S, None
+        try:
+            while answer is None:
+                try:
+                    line = json.loads(said.get(timeout=min(0.5, max(deadline - time.monotonic(), 0.01))))
+                except queue.Empty:
+                    if (not reader.is_alive() and said.empty()) or time.monotonic() >= deadline:
+                        break  # the child ended without an answer, or passed its bound
+                    continue
+                if "stage" in line:
+                    stage = line["stage"]
+                    deadline = time.monotonic() + (COPIES_BOUND_S if stage == "copies" else KERNELS_BOUND_S)
+                else:
+                    answer = line
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass  # stuck in the driver: SIGKILL lands when the call returns
+        if answer is None and stage == "copies":
+            return [hung_copies_line(mode, COPIES_BOUND_S)]
+        if answer is None:
+            errors.seek(0)
+            last = (errors.read().strip().splitlines() or [f"exit {proc.returncode}"])[-1][:160]
+            what = f"did not finish within {KERNELS_BOUND_S:.0f} s" if proc.returncode == -9 else f"failed ({last})"
+            raise UserError(f"the GPU checks (a child process: handler/runtime/machine.py) {what}; run nvidia-smi "
+                            "to see whether the GPUs answer, or python -m bench.gpu --quick for a traceback")
+    if answer.get("error"):
+        raise UserError(answer["error"])
+    return answer.get("warnings", [])
+
+
+def child_main(argv: List[str]) -> int:
+    """The child of `checks_in_child`: each stage as it starts, then the outcome, as JSON lines."""
+    count, mode, nccl = int(argv[0]), argv[1], argv[2] == "nccl"
+
+    def say(stage: str) -> None:
+        print(json.dumps({"stage": stage}), flush=True)
+    try:
+        print(json.dumps({"warnings": run_checks(count, mode, nccl, say)}), flush=True)
+    except UserError as err:
+        print(json.dumps({"error": str(err)}), flush=True)
+    return 0
+
+
+def findings(count: int) -> List[str]:
+    """Every check on `count` GPUs, in a child process, as the lines a run would print or stop
+    with (scripts/gpu_check puts them in its report); empty when all pass."""
+    try:
+        lines = checks_in_child(count, "ddp", nccl=True)
+    except UserError as err:
+        lines = [str(err)]
+    from .cuda_build import smi_compute_modes
+    return [line for line in (*lines, *compute_mode_lines("ddp", smi_compute_modes())) if line]
+
+
+def check_own_gpu(local_rank: int) -> None:
+    """Under torchrun: this worker's GPU only, after set_device, in its own process (the context
+    it trains in)."""
+    import torch
+    torch.cuda.set_device(local_rank)
+    check_kernels(local_rank + 1, first=local_rank)
 
 
 def check_machine(cfg, one_process: bool) -> None:
     """The checks a GPU run needs before it starts: kernels on every GPU; with 2+ GPUs, peer
-    copies, and /dev/shm for the NCCL modes. Warnings go to stderr; failures stop the run."""
+    copies, and /dev/shm for the NCCL modes; the compute mode. Warnings and notes go to stderr;
+    failures stop the run. Under torchrun, the worker's own GPU only."""
     if not cfg.use_cuda:
         return
-    check_kernels(cfg.num_gpu)
-    warnings = []
-    if cfg.num_gpu > 1:
-        warnings.append(check_peer_copies(cfg.num_gpu, cfg.mode))
-        if not one_process:
-            warnings.append(check_shm())
-    for line in filter(None, warnings):
+    from .dist import launched_by_torchrun
+    if launched_by_torchrun():
+        check_own_gpu(int(os.environ["LOCAL_RANK"]))
+        lines = [] if one_process else [check_shm()]
+    else:
+        from .cuda_build import smi_compute_modes
+        note, refusal = compute_mode_lines(cfg.mode, smi_compute_modes())
+        if refusal:
+            raise UserError(refusal)
+        lines = [note, *checks_in_child(cfg.num_gpu, cfg.mode, nccl=not one_process)]
+    for line in filter(None, lines):
         print(line, file=sys.stderr, flush=True)
 
 
@@ -124,3 +259,4 @@ def slow_start_warning(bound_s: float = START_BOUND_S) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
+

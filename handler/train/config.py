@@ -186,7 +186,7 @@ def parse_config(argv, modes: Mapping[str, Mode], *, cuda_count: Optional[int] =
     values["use_cuda"] = cuda_count > 0
     from ..runtime.dist import torchrun_world
     torchrun = None if mode.one_process else torchrun_world()
-    values["num_gpu"] = (_torchrun_num_gpu(ns["num_gpu"], torchrun) if torchrun
+    values["num_gpu"] = (_torchrun_num_gpu(ns["num_gpu"], torchrun, cuda_count) if torchrun
                          else _resolve_num_gpu(ns["num_gpu"], mode.one_process, cuda_count))
     # DP is one process driving num_gpu devices; the DDP modes are one process per device,
     # as many as torchrun started when it did (docs/MULTINODE.md).
@@ -200,13 +200,20 @@ def parse_config(argv, modes: Mapping[str, Mode], *, cuda_count: Optional[int] =
     return cfg
 
 
-def _torchrun_num_gpu(requested: Optional[int], world: int) -> int:
+def _torchrun_num_gpu(requested: Optional[int], world: int, cuda_count: int) -> int:
     """Under torchrun its WORLD_SIZE is the world; --num_gpu, when given, must say the same.
-    The devices this node uses are its LOCAL_WORLD_SIZE."""
+    The devices this node uses are its LOCAL_WORLD_SIZE: more than the visible GPUs stops every
+    worker in one line here, before any check asks for a GPU that is not there ("invalid device
+    ordinal", a traceback from the bf16 check)."""
     if requested is not None and requested != world:
         raise UserError(f"--num_gpu {requested} but torchrun started {world} processes (WORLD_SIZE); "
                         f"drop --num_gpu or use --num_gpu {world}")
-    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if cuda_count and local_world > cuda_count:
+        raise UserError(f"LOCAL_RANK {os.environ.get('LOCAL_RANK', '?')} of {local_world} processes on this node but "
+                        f"only {cuda_count} GPU(s) are visible on this node; start at most {cuda_count} processes "
+                        f"per node (torchrun --nproc_per_node {cuda_count}) or set CUDA_VISIBLE_DEVICES")
+    return local_world
 
 
 def _resolve_num_gpu(requested: Optional[int], one_process: bool, cuda_count: int) -> int:

@@ -200,7 +200,7 @@ def test_a_budget_leaves_checks_that_would_not_fit_unstarted_and_says_so(tmp_pat
 def test_only_and_part_choose_checks_each_exactly_once_in_balanced_consecutive_parts():
     checks = full_plan(2)
     assert [c.name for c in planning.select(checks, ["ddp_dali*", "fsdp"])] == [
-        "ddp_dali memory", "ddp_dali raw", "ddp_dali jpeg", "fsdp"]
+        "ddp_dali memory", "ddp_dali raw", "ddp_dali jpeg", "ddp_dali files (PNG tree; mixed decode)", "fsdp"]
     with pytest.raises(ValueError, match="--only nope: no such check"):
         planning.select(checks, ["nope", "ddp"])
     for n in (1, 2, 3, 4):

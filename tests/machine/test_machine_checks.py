@@ -1,7 +1,8 @@
 """handler/runtime/machine.py's checks, each ending in one line that names the fix. Only the CUDA
 calls themselves (a kernel on GPU i, a copy from GPU a to GPU b) are replaced: this machine has
-no GPU, and a broken GPU cannot be made on purpose. Everything around them runs as it is."""
-import dataclasses
+no GPU, and a broken GPU cannot be made on purpose. Everything around them runs as it is.
+`run_checks` is what the launcher's child process runs (tests/machine/test_machine_child.py
+runs it in the child)."""
 import time
 
 import pytest
@@ -12,7 +13,6 @@ from handler.runtime.errors import UserError
 from handler.train.config import Config
 from tests.conftest import free_port
 
-GPU_RUN = Config(mode="dp", use_cuda=True, num_gpu=2, device="cuda:0")
 
 
 def fake_cuda(monkeypatch, *, kernel=lambda i: 16.0, copy=lambda a, b: True):
@@ -28,27 +28,29 @@ def test_a_gpu_without_kernels_for_this_torch_stops_in_one_line_naming_the_setup
     fake_cuda(monkeypatch, kernel=kernel)
     with pytest.raises(UserError, match=r"^GPU 1 cannot run this torch's kernels \(CUDA error: no kernel image .*"
                                         r"scripts/setup.sh") as err:
-        machine.check_machine(GPU_RUN, one_process=True)
+        machine.run_checks(2, "dp", nccl=False)
     assert "\n" not in str(err.value)
 
 
-def test_broken_peer_copies_refuse_dp_unless_told_to_go_on_and_warn_ddp(monkeypatch, capsys):
+def test_broken_peer_copies_refuse_dp_unless_told_to_go_on_and_warn_ddp(monkeypatch):
     fake_cuda(monkeypatch, copy=lambda a, b: (a, b) != (0, 1))
+    monkeypatch.setattr(machine, "SHM_MIN_BYTES", 1)
     with pytest.raises(UserError, match=r"copies 0->1 return wrong values .*DataParallel would train on garbage.*"
                                         "NCCL_P2P_DISABLE=1.*HARNESS_ALLOW_BROKEN_PEERS=1"):
-        machine.check_machine(GPU_RUN, one_process=True)
+        machine.run_checks(2, "dp", nccl=False)
     monkeypatch.setenv("HARNESS_ALLOW_BROKEN_PEERS", "1")
-    machine.check_machine(GPU_RUN, one_process=True)
+    lines = machine.run_checks(2, "dp", nccl=False)
     monkeypatch.delenv("HARNESS_ALLOW_BROKEN_PEERS")
-    machine.check_machine(dataclasses.replace(GPU_RUN, mode="ddp"), one_process=False)
-    lines = capsys.readouterr().err.splitlines()
+    lines += machine.run_checks(2, "ddp", nccl=True)
     assert len(lines) == 2 and all("set NCCL_P2P_DISABLE=1" in line for line in lines)
 
 
 def test_good_gpus_pass_silently_and_a_cpu_run_asks_cuda_nothing(monkeypatch, capsys):
     fake_cuda(monkeypatch)
-    machine.check_machine(dataclasses.replace(GPU_RUN, mode="ddp"), one_process=False)
+    monkeypatch.setattr(machine, "SHM_MIN_BYTES", 1)
+    assert machine.run_checks(2, "ddp", nccl=True) == []
     fake_cuda(monkeypatch, kernel=lambda i: pytest.fail("a CPU run touched CUDA"))
+    monkeypatch.setattr(machine, "checks_in_child", lambda *a, **k: pytest.fail("a CPU run started the GPU checks"))
     machine.check_machine(Config(), one_process=False)
     assert "GPU" not in capsys.readouterr().err
 
@@ -87,7 +89,7 @@ def test_gpu_check_reports_every_finding_as_its_one_line(monkeypatch, tmp_path):
     monkeypatch.delenv("NCCL_SHM_DISABLE", raising=False)
     fake_cuda(monkeypatch, copy=lambda a, b: False)
     monkeypatch.setattr(machine, "SHM_MIN_BYTES", 1)
-    lines = machine.findings(2)
+    lines = machine.run_checks(2, "ddp", nccl=True)  # what findings(2) runs in its child
     assert len(lines) == 1 and "copies 0->1, 1->0 return wrong values" in lines[0]
     markdown, _ = write_reports([], {"machine_checks": lines}, tmp_path)
     assert lines[0] in markdown.read_text()
