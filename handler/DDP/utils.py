@@ -15,16 +15,13 @@ import contextlib
 import datetime
 import multiprocessing
 import multiprocessing.connection
-import multiprocessing.forkserver
-import multiprocessing.resource_tracker
 import os
 import re
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any, Iterator, List, Optional, Tuple, cast
+from typing import Iterator, List, Optional, Tuple, cast
 
 import torch
 import torch.distributed as tdist
@@ -41,6 +38,7 @@ from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError
 from ..runtime.machine import START_BOUND_S, slow_start_warning
 from ..runtime.nvtx import profiler_attached
+from .leftovers import end_job, helpers, started_at, stat
 from .peers import silent_after
 
 # NCCL's watchdog tears its rank down (SIGABRT) when a collective passes the group's timeout.
@@ -48,7 +46,6 @@ from .peers import silent_after
 # --dist-timeout) names the silent peer first.
 NCCL_MARGIN_S = 30.0
 GRACE_S = 5  # after a rank fails, how long the others get to exit before SIGTERM/SIGKILL
-STOP_WAIT_S = 30  # how long ranks whose fork server died get to stop at a step and save
 # What the fork server imports once for every rank: torch, and torch._dynamo, which DDP's
 # constructor and every optimizer step import (1.1 s).
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.nn"]
@@ -82,17 +79,19 @@ def run_process(func, args, nprocs: Optional[int] = None, *, use_cuda: Optional[
     they start (`start_method`).
     The first SIGINT/SIGTERM is passed on to the ranks, which stop together at a step
     boundary and save; a second one kills them. When one rank dies the others are
-    stopped within seconds and the dead rank is named.
+    stopped within seconds and the dead rank is named. Once it returns or raises, no process
+    the job started runs any more (leftovers.py).
     """
     nprocs = args.num_gpu if nprocs is None else nprocs
     use_cuda = cuda_status()[0] > 0 if use_cuda is None else use_cuda
     method = start_method(use_cuda)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
+    before = helpers()
     ctx = start_processes(func, args=(args,), nprocs=nprocs, join=False, start_method=method)
     assert ctx is not None, "join=False returns the processes' context"
     processes = cast(List[BaseProcess], ctx.processes)  # torch fills a list made as [None] * n
-    started = {proc.pid: _started(proc.pid) for proc in processes}  # a pid and its start time name one process
+    ranks = {proc.pid: started_at(proc.pid) for proc in processes if proc.pid is not None}
     signals_seen = []
 
     def forward(signum, frame):
@@ -123,32 +122,7 @@ def run_process(func, args, nprocs: Optional[int] = None, *, use_cuda: Optional[
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _end_job(started)
-
-
-def _end_job(started: dict) -> None:
-    """A job that has ended owns no process (docs/FAILURES.md). Ranks whose fork server died
-    are orphans its join could not wait for: their parent-death signal (SIGINT, set by torch's
-    spawn wrapper) stops them at a step, where they save; they are waited for, killed past
-    STOP_WAIT_S. Then the fork server is ended (it has nothing to save, and its exit with torch
-    loaded took seconds after the launcher's), and multiprocessing's resource tracker is waited
-    for: it exits once no process of the job holds its pipe, cleaning what a killed rank left."""
-    orphans = [pid for pid, since in started.items() if since is not None and _started(pid) == since]
-    deadline = time.monotonic() + STOP_WAIT_S
-    while orphans and time.monotonic() < deadline:
-        time.sleep(0.1)
-        orphans = [pid for pid in orphans if _started(pid) == started[pid]]
-    for pid in orphans:
-        print(f"rank process {pid} had not stopped {STOP_WAIT_S} s after its fork server died; killed",
-              file=sys.stderr, flush=True)
-        os.kill(pid, signal.SIGKILL)
-    # Each module's one helper; _stop closes the pipe that keeps it running and reaps it (CPython's tests use it).
-    server = cast(Any, multiprocessing.forkserver)._forkserver
-    if server._forkserver_pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(server._forkserver_pid, signal.SIGKILL)
-        server._stop()
-    cast(Any, multiprocessing.resource_tracker)._resource_tracker._stop()
+        end_job(ranks, before)  # what the job started beside its ranks ends with it
 
 
 def _join(ctx, killed: List[Tuple[int, str]]) -> bool:
@@ -171,22 +145,7 @@ def _join(ctx, killed: List[Tuple[int, str]]) -> bool:
 
 
 def _stopped(pid: int) -> bool:
-    return _stat(pid)[:1] in (["T"], ["t"])
-
-
-def _started(pid: Optional[int]) -> Optional[str]:
-    """When process pid started (clock ticks since boot); None once it has ended."""
-    fields = _stat(pid)
-    return fields[19] if fields and fields[0] != "Z" else None
-
-
-def _stat(pid: Optional[int]) -> List[str]:
-    """/proc/PID/stat's fields from the state on; [] once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
+    return stat(pid)[:1] in (["T"], ["t"])
 
 
 @contextlib.contextmanager

@@ -1,13 +1,15 @@
-"""Two rare turns of handler/DDP/{utils,run}.py, reached without training: a stop request
-whose rank dies of a signal before it could save, and torchrun's elastic restarts left
-sharing the rendezvous store."""
+"""Rare turns of handler/DDP/{utils,run,leftovers}.py, reached without training: a stop request
+whose rank dies of a signal before it could save, torchrun's elastic restarts left sharing
+the rendezvous store, and a process of a job that never ends."""
 import os
 import signal
+import subprocess
 import threading
 import time
 
 import pytest
 
+from handler.DDP import leftovers
 from handler.DDP.run import _torchrun_preparation
 from handler.DDP.utils import run_process
 from handler.train.config import Config
@@ -44,3 +46,24 @@ def test_elastic_restarts_sharing_the_rendezvous_store_are_warned_about(tmp_path
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     _torchrun_preparation(cfg)
     assert "stale rendezvous keys" not in capsys.readouterr().err
+
+
+def test_a_job_process_that_never_ends_is_named_and_keeps_the_launcher_no_longer_than_the_bound(monkeypatch, capsys):
+    """end_job waits for multiprocessing's resource tracker, which exits once no process holds
+    its pipe. A holder that never ends (a killed rank's loader worker stuck in a read; here a
+    sleep given the pipe) is named after the bound instead of keeping the launcher forever."""
+    from multiprocessing import resource_tracker
+    monkeypatch.setattr(leftovers, "STOP_WAIT_S", 1)
+    holder = subprocess.Popen(["sleep", "600"], pass_fds=(resource_tracker.getfd(),))
+    tracker = leftovers.helpers()[1]
+    try:
+        start = time.monotonic()
+        leftovers.end_job({}, (None, None))
+        took = time.monotonic() - start
+        assert holder.poll() is None
+    finally:
+        holder.kill()
+        holder.wait()
+    assert took < 30, f"end_job took {took:.0f} s"
+    assert f"resource tracker, pid {tracker}, waits for it" in capsys.readouterr().err
+    assert os.waitpid(tracker, 0)[0] == tracker  # once the holder has gone, so has the tracker
