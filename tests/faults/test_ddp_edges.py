@@ -58,7 +58,7 @@ def test_a_job_process_that_never_ends_is_named_and_keeps_the_launcher_no_longer
     tracker = leftovers.helpers()[1]
     try:
         start = time.monotonic()
-        leftovers.end_job({}, (None, None))
+        leftovers.end_job({}, (leftovers.helpers()[0], None))  # this tracker only
         took = time.monotonic() - start
         assert holder.poll() is None
     finally:
@@ -67,3 +67,17 @@ def test_a_job_process_that_never_ends_is_named_and_keeps_the_launcher_no_longer
     assert took < 30, f"end_job took {took:.0f} s"
     assert f"resource tracker, pid {tracker}, waits for it" in capsys.readouterr().err
     assert os.waitpid(tracker, 0)[0] == tracker  # once the holder has gone, so has the tracker
+
+
+def test_a_rank_still_running_past_the_bound_after_its_fork_server_died_is_killed_and_named(monkeypatch, capsys):
+    """Such a rank stops on its parent-death signal and saves; one that does not (here a sleep
+    standing in for it) is killed once the bound has passed, and named."""
+    monkeypatch.setattr(leftovers, "STOP_WAIT_S", 1)
+    rank = subprocess.Popen(["sleep", "600"])
+    try:
+        leftovers.end_job({rank.pid: leftovers.started_at(rank.pid)}, leftovers.helpers())  # no helper of its own
+        assert rank.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        rank.kill()
+        rank.wait()
+    assert f"rank process {rank.pid} had not stopped 1 s after its fork server died; killed" in capsys.readouterr().err
