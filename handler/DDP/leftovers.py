@@ -33,9 +33,10 @@ def end_job(ranks: Dict[int, Optional[str]], before: Tuple[Optional[int], Option
     Ranks whose fork server died are orphans the join could not wait for: their parent-death
     signal (SIGINT, set by torch's spawn wrapper) stops them at a step, where they save; they
     are waited for, killed past STOP_WAIT_S. The fork server is ended (it has nothing to save,
-    and its exit with torch loaded took seconds after the launcher's). The tracker is waited for:
-    it exits once no process of the job holds its pipe, cleaning what a killed rank left; one
-    that never lets go (a killed rank's loader worker stuck in a read) is named past STOP_WAIT_S."""
+    and its exit with torch loaded took seconds after the launcher's). So is every process still
+    holding the tracker's pipe once the ranks are gone: a process the job started that outlived
+    its rank (a killed rank's loader workers, which would notice within 5 s, or never if stuck).
+    The tracker is then waited for: it cleans what a killed rank left and exits."""
     for pid in running_after(ranks, STOP_WAIT_S):
         print(f"rank process {pid} had not stopped {STOP_WAIT_S} s after its fork server died; killed",
               file=sys.stderr, flush=True)
@@ -48,13 +49,28 @@ def end_job(ranks: Dict[int, Optional[str]], before: Tuple[Optional[int], Option
         _SERVER._stop()  # closes its pipe, reaps it
     if tracker is not None and tracker != before[1]:
         since = started_at(tracker)
-        os.close(_TRACKER._fd)  # its end of file: the tracker cleans up and exits once the job's processes let go too
+        for pid in holding(_TRACKER._fd, besides=(os.getpid(), tracker)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os.close(_TRACKER._fd)  # its end of file: the tracker cleans up and exits
         _TRACKER._fd = _TRACKER._pid = None  # a later job starts its own
         if running_after({tracker: since}, STOP_WAIT_S):
             print(f"warning: a process this job started still runs {STOP_WAIT_S} s after its ranks ended "
                   f"(multiprocessing's resource tracker, pid {tracker}, waits for it)", file=sys.stderr, flush=True)
         else:
             os.waitpid(tracker, 0)
+
+
+def holding(fd: int, besides: Tuple[int, ...]) -> List[int]:
+    """The processes, other than `besides`, holding the pipe of which `fd` is this process's end
+    (every process the job started inherits the tracker's)."""
+    pipe, found = os.readlink(f"/proc/self/fd/{fd}"), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in besides:
+            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
+                if any(os.readlink(f"/proc/{entry}/fd/{n}") == pipe for n in os.listdir(f"/proc/{entry}/fd")):
+                    found.append(int(entry))
+    return found
 
 
 def running_after(started: Dict[int, Optional[str]], bound_s: float) -> List[int]:

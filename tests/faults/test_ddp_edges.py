@@ -1,6 +1,6 @@
 """Rare turns of handler/DDP/{utils,run,leftovers}.py, reached without training: a stop request
 whose rank dies of a signal before it could save, torchrun's elastic restarts left sharing
-the rendezvous store, and a process of a job that never ends."""
+the rendezvous store, and what a job leaves running."""
 import os
 import signal
 import subprocess
@@ -48,25 +48,26 @@ def test_elastic_restarts_sharing_the_rendezvous_store_are_warned_about(tmp_path
     assert "stale rendezvous keys" not in capsys.readouterr().err
 
 
-def test_a_job_process_that_never_ends_is_named_and_keeps_the_launcher_no_longer_than_the_bound(monkeypatch, capsys):
-    """end_job waits for multiprocessing's resource tracker, which exits once no process holds
-    its pipe. A holder that never ends (a killed rank's loader worker stuck in a read; here a
-    sleep given the pipe) is named after the bound instead of keeping the launcher forever."""
+def test_a_process_of_the_job_left_holding_its_resource_tracker_is_ended_with_the_tracker(capsys):
+    """Every process a job starts inherits the resource tracker's pipe, and the tracker exits
+    only once none holds it. One that outlived its rank (a killed rank's loader worker, here
+    stopped as one stuck in a read would be; a sleep given the pipe stands in for it) is ended,
+    and the tracker with it, instead of both outliving the launcher."""
     from multiprocessing import resource_tracker
-    monkeypatch.setattr(leftovers, "STOP_WAIT_S", 1)
     holder = subprocess.Popen(["sleep", "600"], pass_fds=(resource_tracker.getfd(),))
     tracker = leftovers.helpers()[1]
     try:
+        os.kill(holder.pid, signal.SIGSTOP)
         start = time.monotonic()
         leftovers.end_job({}, (leftovers.helpers()[0], None))  # this tracker only
         took = time.monotonic() - start
-        assert holder.poll() is None
+        assert holder.wait(timeout=30) == -signal.SIGKILL
     finally:
         holder.kill()
         holder.wait()
-    assert took < 30, f"end_job took {took:.0f} s"
-    assert f"resource tracker, pid {tracker}, waits for it" in capsys.readouterr().err
-    assert os.waitpid(tracker, 0)[0] == tracker  # once the holder has gone, so has the tracker
+    assert leftovers.started_at(tracker) is None and leftovers.helpers()[1] is None  # ended and reaped
+    assert took < 20, f"end_job took {took:.0f} s"
+    assert capsys.readouterr().err == ""
 
 
 def test_a_rank_still_running_past_the_bound_after_its_fork_server_died_is_killed_and_named(monkeypatch, capsys):
