@@ -38,6 +38,7 @@ from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError
 from ..runtime.machine import START_BOUND_S, slow_start_warning
 from ..runtime.nvtx import profiler_attached
+from .leftovers import end_job, helpers, started_at, stat
 from .peers import silent_after
 
 # NCCL's watchdog tears its rank down (SIGABRT) when a collective passes the group's timeout.
@@ -78,16 +79,19 @@ def run_process(func, args, nprocs: Optional[int] = None, *, use_cuda: Optional[
     they start (`start_method`).
     The first SIGINT/SIGTERM is passed on to the ranks, which stop together at a step
     boundary and save; a second one kills them. When one rank dies the others are
-    stopped within seconds and the dead rank is named.
+    stopped within seconds and the dead rank is named. Once it returns or raises, no process
+    the job started runs any more (leftovers.py).
     """
     nprocs = args.num_gpu if nprocs is None else nprocs
     use_cuda = cuda_status()[0] > 0 if use_cuda is None else use_cuda
     method = start_method(use_cuda)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
+    before = helpers()
     ctx = start_processes(func, args=(args,), nprocs=nprocs, join=False, start_method=method)
     assert ctx is not None, "join=False returns the processes' context"
     processes = cast(List[BaseProcess], ctx.processes)  # torch fills a list made as [None] * n
+    ranks = {proc.pid: started_at(proc.pid) for proc in processes if proc.pid is not None}
     signals_seen = []
 
     def forward(signum, frame):
@@ -118,6 +122,7 @@ def run_process(func, args, nprocs: Optional[int] = None, *, use_cuda: Optional[
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        end_job(ranks, before)  # what the job started beside its ranks ends with it
 
 
 def _join(ctx, killed: List[Tuple[int, str]]) -> bool:
@@ -140,11 +145,7 @@ def _join(ctx, killed: List[Tuple[int, str]]) -> bool:
 
 
 def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    return stat(pid)[:1] in (["T"], ["t"])
 
 
 @contextlib.contextmanager

@@ -1,13 +1,15 @@
-"""Two rare turns of handler/DDP/{utils,run}.py, reached without training: a stop request
-whose rank dies of a signal before it could save, and torchrun's elastic restarts left
-sharing the rendezvous store."""
+"""Rare turns of handler/DDP/{utils,run,leftovers}.py, reached without training: a stop request
+whose rank dies of a signal before it could save, torchrun's elastic restarts left sharing
+the rendezvous store, and what a job leaves running."""
 import os
 import signal
+import subprocess
 import threading
 import time
 
 import pytest
 
+from handler.DDP import leftovers
 from handler.DDP.run import _torchrun_preparation
 from handler.DDP.utils import run_process
 from handler.train.config import Config
@@ -44,3 +46,39 @@ def test_elastic_restarts_sharing_the_rendezvous_store_are_warned_about(tmp_path
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     _torchrun_preparation(cfg)
     assert "stale rendezvous keys" not in capsys.readouterr().err
+
+
+def test_a_process_of_the_job_left_holding_its_resource_tracker_is_ended_with_the_tracker(capsys):
+    """Every process a job starts inherits the resource tracker's pipe, and the tracker exits
+    only once none holds it. One that outlived its rank (a killed rank's loader worker, here
+    stopped as one stuck in a read would be; a sleep given the pipe stands in for it) is ended,
+    and the tracker with it, instead of both outliving the launcher."""
+    from multiprocessing import resource_tracker
+    holder = subprocess.Popen(["sleep", "600"], pass_fds=(resource_tracker.getfd(),))
+    tracker = leftovers.helpers()[1]
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        leftovers.end_job({}, (leftovers.helpers()[0], None))  # this tracker only
+        took = time.monotonic() - start
+        assert holder.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        holder.kill()
+        holder.wait()
+    assert leftovers.started_at(tracker) is None and leftovers.helpers()[1] is None  # ended and reaped
+    assert took < 20, f"end_job took {took:.0f} s"
+    assert capsys.readouterr().err == ""
+
+
+def test_a_rank_still_running_past_the_bound_after_its_fork_server_died_is_killed_and_named(monkeypatch, capsys):
+    """Such a rank stops on its parent-death signal and saves; one that does not (here a sleep
+    standing in for it) is killed once the bound has passed, and named."""
+    monkeypatch.setattr(leftovers, "STOP_WAIT_S", 1)
+    rank = subprocess.Popen(["sleep", "600"])
+    try:
+        leftovers.end_job({rank.pid: leftovers.started_at(rank.pid)}, leftovers.helpers())  # no helper of its own
+        assert rank.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        rank.kill()
+        rank.wait()
+    assert f"rank process {rank.pid} had not stopped 1 s after its fork server died; killed" in capsys.readouterr().err

@@ -53,16 +53,24 @@ def wait_for_file(path, proc, budget):
         time.sleep(0.2)
 
 
-def descendants(pid):
-    children = {}
+def parents_and_groups():
+    """{pid: (parent pid, process group)} of every process /proc shows now."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-            except (OSError, IndexError):
+                    ppid, pgrp = f.read().rsplit(")", 1)[1].split()[1:3]
+                found[int(entry)] = int(ppid), int(pgrp)
+            except (OSError, IndexError, ValueError):
                 pass
+    return found
+
+
+def descendants(pid):
+    children = {}
+    for child, (ppid, _) in parents_and_groups().items():
+        children.setdefault(ppid, []).append(child)
     found, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
@@ -112,6 +120,25 @@ def finish(proc, budget):
     return time.time() - start_t
 
 
+def finish_leaving_nothing(proc, budget):
+    """finish(proc, budget), watching the job meanwhile: (seconds, {pid: command line} of the
+    job's processes still running the moment the launcher has exited). The job is the
+    launcher's descendants, collected while it runs (an orphan is reparented to init), and its
+    process group (start() makes the launcher a group leader; an orphan stays in it)."""
+    def group():
+        return {p for p, (_, pgrp) in parents_and_groups().items() if pgrp == proc.pid}
+    seen, start_t = set(), time.time()
+    while proc.poll() is None:
+        seen |= group() | set(descendants(proc.pid))
+        if time.time() > start_t + SLACK * budget:
+            os.killpg(proc.pid, signal.SIGKILL)
+            hung(proc.args, SLACK * budget, output(proc))
+        time.sleep(0.05)
+    took = time.time() - start_t
+    left = {p: cmdline(p) for p in sorted(seen | group()) if alive(p)}
+    return took, left
+
+
 @pytest.fixture
 def killer_cleanup():
     procs = []
@@ -132,11 +159,34 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
     assert len(ranks) == 2
     assert any("multiprocessing.forkserver" in cmdline(p) for p in family), "ranks were not forked from a server"
     os.kill(ranks[1], signal.SIGKILL)
-    took = finish(proc, budget=20)
+    took, left = finish_leaving_nothing(proc, budget=20)
     assert took < 60 and proc.returncode != 0
     assert "rank 1 was killed by SIGKILL" in output(proc)
-    assert none_alive(family), "orphaned processes left behind"
+    # Its fork server and multiprocessing's resource tracker end with it, not seconds later.
+    assert not left, f"the launcher exited before these processes of its job: {left}"
     assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
+
+
+def test_a_killed_fork_server_stops_the_ranks_with_sigint_and_they_save_before_the_launcher_exits(
+        data_root, tmp_path, killer_cleanup):
+    """The ranks' parent-death signal (torch's spawn wrapper sets SIGINT) is their stop request:
+    they agree on a step and save. The launcher waits for them: they are not its children, and
+    the rendezvous store it holds must outlive them."""
+    proc = start(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", tmp_path,
+                  "--epochs", 30, *LONG], tmp_path)
+    killer_cleanup.append(proc)
+    wait_for_file(tmp_path / "last.pt", proc, budget=FIRST_EPOCH)
+    ranks = ranks_of(proc.pid)
+    server = [p for p in descendants(proc.pid) if "multiprocessing.forkserver" in cmdline(p) and p not in ranks]
+    assert len(ranks) == 2 and len(server) == 1
+    time.sleep(0.5)  # into epoch 2
+    os.kill(server[0], signal.SIGKILL)
+    took, left = finish_leaving_nothing(proc, budget=20)
+    assert took < 60 and proc.returncode != 0
+    assert not left, f"the launcher exited before these processes of its job: {left}"
+    assert "stopped by SIGINT at epoch" in output(proc) and "continue with --resume" in output(proc), output(proc)[-3000:]
+    ckpt = load_checkpoint(str(tmp_path / "last.pt"), "cpu")
+    assert ckpt["epoch"] >= 1 and ckpt["step"] > 0  # saved mid-epoch, at the stop
 
 
 def test_a_rank_killed_by_a_signal_is_named_even_when_its_peer_exits_first(tmp_path):
@@ -217,12 +267,11 @@ def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, k
     killer_cleanup.append(proc)
     wait_for_file(tmp_path / "last.pt", proc, budget=FIRST_EPOCH)
     workers = sorted(p for p in descendants(proc.pid) if "train_cifar.py" in cmdline(p))
-    family = descendants(proc.pid)
     os.kill(workers[-1], signal.SIGKILL)
-    took = finish(proc, budget=20)
+    took, left = finish_leaving_nothing(proc, budget=20)
     assert took < 60 and proc.returncode != 0
     assert "SIGKILL" in output(proc) or "-9" in output(proc)
-    assert none_alive(family), "orphaned processes left behind"
+    assert not left, f"torchrun exited before these processes of its job: {left}"
     load_checkpoint(str(tmp_path / "last.pt"), "cpu")
 
 
