@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.common import ROOT, context, emit, parser, table
 from handler.runtime.errors import UserError, one_line_errors
 
-GOAL = 0.15  # median absolute error over the predicted cells (issue 40)
+GOAL = 0.15  # median absolute error over the predicted cells (docs/RESULTS.md)
 FULL = ["--epochs", "3", "--synthetic-train", "3000", "--valid-size", "500"]
 QUICK = ["--epochs", "1", "--synthetic-train", "96", "--synthetic-test", "32", "--valid-size", "0",
          "--batch-size", "32"]

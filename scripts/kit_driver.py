@@ -38,8 +38,9 @@ def identity_images(first: int, n: int):
 def write_png_tree(root: Path, n_train: int, n_test: int) -> Path:
     """The kit's layout: root/{train,test}/<class name>/<n>.png, and `valid` left empty."""
     from PIL import Image
+    from handler.data.cifar_images import SPLITS
     from handler.data.synthetic import CLASSES
-    for split, first, n in (("train", 0, n_train), ("test", n_train, n_test)):
+    for split, first, n in ((SPLITS[0], 0, n_train), (SPLITS[2], n_train, n_test)):
         images, labels = identity_images(first, n)
         for i, (image, label) in enumerate(zip(images, labels)):
             folder = root / split / CLASSES[label]
@@ -124,6 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     import socket
     from handler.DDP.utils import run_process
+    from handler.data.cifar_images import SPLITS
     from handler.runtime.errors import one_line_errors
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with socket.socket() as s:  # the kit's free port: chosen here, bound by rank 0 (tcp:// rendezvous)
@@ -132,7 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with one_line_errors():
         run_process(main_func, argparse.Namespace(**vars(args), ip="127.0.0.1", port=port))
     records = [json.loads((Path(args.out) / f"rank{r}.json").read_text()) for r in range(args.num_gpu)]
-    n_train, n_test = (sum(1 for _ in (Path(args.data) / split).rglob("*.png")) for split in ("train", "test"))
+    n_train, n_test = (sum(1 for _ in (Path(args.data) / split).rglob("*.png")) for split in (SPLITS[0], SPLITS[2]))
     why = verdict(records, n_train, n_test, args.expect_backend)
     if why:
         print(f"kit_driver: FAIL {args.mode} on {args.num_gpu} process(es): {why}", file=sys.stderr)

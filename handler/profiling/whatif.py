@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench.comm_model import exchange_s, line_time, ring_messages, ring_share, step_s
 from handler.runtime.errors import UserError, one_line_errors
+from handler.runtime.names import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER
 
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
 POWER = 4.0  # how the CPU's and the wire's bounds add: every quiet bench.comm fit chose 4 (docs/COMM.md)
@@ -46,7 +47,7 @@ ASSUMPTIONS = (
     "scaling with the compute. A GPU step is the larger of (loader wait + host work) and the GPU's busy time, plus "
     "the exposed all-reduce; a CPU step is their sum. The bound of a cell is its largest term. Not modelled: host "
     "cores running out when every GPU's loader shares them, dp's scatter and gather, batch-size effects on kernels.")
-BOUND_NAMES = {"loader": "loader (host CPU cores)", "host": "host (kernel launches)", "device": "GPU",
+BOUND_NAMES = {"loader": "loader (host CPU cores)", "host": "kernel launches (host)", "device": "GPU",
                "link": "link (all-reduce)", "cores": "host cores (compute)"}
 
 
@@ -77,16 +78,16 @@ def base_of(summary: dict, grad_mb: float = RESNET18_GRAD_MB, bucket_cap_mb: flo
     # the lab page's rows keep no per-epoch list, only the mean epoch (`epoch_s`)
     epochs = len(rank.get("epochs") or ()) or max(1, round(loop["epochs_s"] / (summary.get("epoch_s") or loop["epochs_s"])))
     phase = {k: (v or 0.0) / 1e3 for k, v in (loop.get("phase_ms") or {}).items()}
-    wait = (loop.get("between_steps_ms") or 0.0) / 1e3 + phase.get("data", 0.0) + phase.get("h2d", 0.0)
+    wait = (loop.get("between_steps_ms") or 0.0) / 1e3 + phase.get(DATA, 0.0) + phase.get(H2D, 0.0)
     comm_stats = rank.get("comm") or {}
     comm = comm_stats["seconds"] / steps if comm_stats.get("seconds") else None
     exposed = (comm_stats.get("exposed_s") or 0.0) / steps
-    host = max(0.0, (loop.get("inside_steps_ms") or 0.0) / 1e3 - phase.get("data", 0.0) - phase.get("h2d", 0.0) - exposed)
+    host = max(0.0, (loop.get("inside_steps_ms") or 0.0) / 1e3 - phase.get(DATA, 0.0) - phase.get(H2D, 0.0) - exposed)
     gpus = summary.get("gpus") or []
     busy = max((g["compute_busy_share"] * g["epochs_s"] / steps for g in gpus), default=None)
-    compute = sum(phase.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
+    compute = sum(phase.get(p, 0.0) for p in (FORWARD, BACKWARD, OPTIMIZER))
     device = busy if busy is not None else host
-    window = comm - exposed if comm is not None else (phase.get("backward", 0.0) / compute * device if compute else 0.0)
+    window = comm - exposed if comm is not None else (phase.get(BACKWARD, 0.0) / compute * device if compute else 0.0)
     buckets = comm_stats.get("buckets") or default_buckets(grad_mb, bucket_cap_mb or BUCKET_CAP_MB)
     return Base(processes=len(ranks), devices=len(gpus) or len(ranks), gpu=busy is not None,
                 steps_per_epoch=steps / epochs, wait=wait, host=host, busy=device, comm=comm,

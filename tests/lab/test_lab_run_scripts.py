@@ -11,7 +11,7 @@ from tests.conftest import ROOT, run_process
 from tests.lab.test_lab_kit import identity_images
 from handler.data.synthetic import CLASSES
 
-N_TRAIN, N_TEST = 1100, 20  # launch.sh's CPU smoke holds out 1000 images for validation
+N_TRAIN, N_TEST = 110, 20  # a tree this small gets the default hold-out of a tenth: one step an epoch
 
 
 def write_tree(root):
@@ -37,6 +37,7 @@ def test_the_kits_run_script_trains_on_data_dir_and_writes_the_kits_layout(tmp_p
         metrics = json.loads((tmp_path / "nsight_logs" / "ddp_dali_t0" / f"gpu_{gpus}.metrics.json").read_text())
         assert metrics["env"]["dataset"] == "cifar10" and not metrics["env"]["dataset_fallback"]
         assert metrics["config"]["dali_source"] == "files"
+        assert metrics["config"]["valid_size"] == N_TRAIN // 10, "a DATA_DIR tree keeps the default hold-out"
         assert (tmp_path / "runs" / "ddp_dali_t0" / f"gpu_{gpus}" / "last.pt").is_file()
     assert sorted(p for p in (tmp_path / "dataset").rglob("*")) == before, "something was written into DATA_DIR"
     assert np.isfinite(metrics["test"]["acc"])

@@ -17,7 +17,7 @@ import bench.gpu as bench_gpu
 from handler.runtime import cuda_build
 from handler.runtime.errors import UserError
 from tests.conftest import ROOT
-from tests.machine.test_gpu_check import alive, gpu_check, planning
+from tests.proof.test_gpu_check import alive, gpu_check, planning
 from scripts.gpu_check_machine import measured_times, nsys_problem  # noqa: E402
 from scripts.gpu_check_run import Runner, run_all  # noqa: E402
 

@@ -80,7 +80,7 @@ def test_a_cpu_run_with_two_ranks_on_two_cores_shares_the_cores_so_its_compute_d
 def test_each_cell_names_the_resource_that_bounds_it():
     gpu_bound = by_count(predictions(summary(step_ms=110.0, inside_ms=100.0, busy_ms=100.0), (1, 8)))
     assert gpu_bound[1]["bound"] == "GPU"
-    assert gpu_bound[8]["bound"] == "host (kernel launches)"  # 12.5 ms of GPU work, 100 ms of launches
+    assert gpu_bound[8]["bound"] == "kernel launches (host)"  # 12.5 ms of GPU work, 100 ms of launches
     slow_link = by_count(predictions(TA_DDP_1GPU, (2,), Link(0.1, 10.0)))
     assert slow_link[2]["bound"] == "link (all-reduce)"
     dp = by_count(predictions(TA_DDP_1GPU, (2,), one_process=True))
