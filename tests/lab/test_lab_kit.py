@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -17,18 +16,10 @@ from handler.data.cifar_files import write_cifar
 from handler.data.synthetic import CLASSES
 from handler.DDP.model import model_to_DDP
 from handler.DDP.utils import destroy_process, initialize_group, run_process
+from scripts.kit_driver import identity_images  # one maker of images that name themselves
 from tests.conftest import free_port
 
 N_TRAIN, N_TEST, TRAIN_BATCH = 40, 10, 4
-
-
-def identity_images(first: int, n: int):
-    """Flat images whose colour encodes their index (R, G) and label (B): every crop and flip
-    keeps the centre pixel, so a batch tells which images it holds."""
-    ids = np.arange(first, first + n)
-    labels = ids % 10
-    colours = np.stack([ids % 256, ids // 256, labels * 20], axis=1).astype(np.uint8)
-    return np.broadcast_to(colours[:, None, None, :], (n, 32, 32, 3)).copy(), labels.astype(np.int64)
 
 
 def write_layouts(root) -> dict:
