@@ -7,21 +7,13 @@ median of its epochs after the first, as every row's), so both columns are measu
 """
 from statistics import median
 
-from ..profiling.whatif import ASSUMPTIONS, RESNET18_GRAD_MB, predictions
+from ..profiling.whatif import ASSUMPTIONS, predictions
+from ..profiling.whatif import gradient_mb as whatif_gradient_mb
 from ..runtime.errors import UserError
 
-_GRAD_MB: dict = {}
-
-
 def gradient_mb(metrics: dict | None) -> float:
-    """MB of fp32 gradients the run all-reduces per step: its model's parameters, counted."""
-    name = ((metrics or {}).get("config") or {}).get("model")
-    if not name:
-        return RESNET18_GRAD_MB
-    if name not in _GRAD_MB:
-        from models import build_model  # torch: the comparison has it; the what-if CLI does not need it
-        _GRAD_MB[name] = sum(p.numel() for p in build_model(name, 10).parameters()) * 4 / 1e6
-    return _GRAD_MB[name]
+    """MB of fp32 gradients the run all-reduces per step: its model's (whatif.GRAD_MB)."""
+    return whatif_gradient_mb(((metrics or {}).get("config") or {}).get("model"))
 
 
 def add_predictions(rows, outcomes) -> None:

@@ -22,6 +22,13 @@ COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
 POWER = 4.0  # how the CPU's and the wire's bounds add: every quiet bench.comm fit chose 4 (docs/COMM.md)
 BETA = 1.0  # link efficiency: the shaped link carried 99 % of its rate (bench.comm, docs/COMM.md)
 RESNET18_GRAD_MB = 44.696  # fp32 gradients of ResNet-18 (models/, checked by a test): the lab's model
+# MB of fp32 gradients each model of models/ all-reduces per step (a test counts them); read here,
+# not counted, so the what-if needs no torch. A model not listed is taken as ResNet-18.
+GRAD_MB = {"resnet18": RESNET18_GRAD_MB, "resnet20": 1.079, "fastnet": 12.416}
+
+
+def gradient_mb(model: str | None) -> float:
+    return GRAD_MB.get(model or "", RESNET18_GRAD_MB)
 FIRST_BUCKET_MB, BUCKET_CAP_MB = 1.0, 25.0  # DDP's buckets: a small first one, then --bucket-cap-mb
 
 
@@ -197,7 +204,7 @@ def lab_section(rows: list[dict]) -> list[str]:
         base = min(mine, key=lambda r: r["gpus"])
         summary = {"ranks": base["ranks"], "gpus": base["gpu_table"], "epoch_s": base["epoch_s"]}
         try:
-            found = predictions(summary, one_process=mode == "dp")
+            found = predictions(summary, one_process=mode == "dp", grad_mb=gradient_mb(base.get("model")))
         except UserError as err:
             lines += [f"- **{mode}**: no prediction: {err}.", ""]
             continue

@@ -68,7 +68,8 @@ def _cell_of(report: Path) -> dict:
     run's metrics JSON, then the file name."""
     folder, count = KIT_FOLDER.match(report.parent.name), KIT_FILE.fullmatch(report.stem)
     if folder and count:
-        return {"report": report, "mode": folder.group("mode"), "gpus": int(count.group("gpus"))}
+        return {"report": report, "mode": folder.group("mode"), "gpus": int(count.group("gpus")),
+                "model": _from_metrics(report).get("model")}
     mode = FLAT_NAME.search(report.stem)
     count = GPUS_IN_NAME.search(report.stem)
     return {"report": report, "mode": (mode.group("mode") or mode.group("mode2")).lower() if mode else report.stem,
@@ -76,14 +77,14 @@ def _cell_of(report: Path) -> dict:
 
 
 def _from_metrics(report: Path) -> dict:
-    """{"mode", "gpus"} from the run's metrics JSON beside the report (`<name>.metrics.json`,
+    """{"mode", "gpus", "model"} from the run's metrics JSON beside the report (`<name>.metrics.json`,
     scripts/launch.sh writes it there), which knows them exactly; {} without a readable one."""
     path = report.with_name(report.name.split(".")[0] + ".metrics.json")
     try:
         config = json.loads(path.read_text()).get("config") or {}
     except (OSError, ValueError, AttributeError):
         return {}
-    found = {"mode": config.get("mode"), "gpus": config.get("num_gpu")}
+    found = {"mode": config.get("mode"), "gpus": config.get("num_gpu"), "model": config.get("model")}
     return {k: v for k, v in found.items() if v}
 
 
@@ -157,7 +158,7 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
         ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
         gpus = entry["gpus"] or ran_gpus or processes
         unit = "GPU" if ran_gpus else "CPU process"
-        row = {"report": str(entry["report"]), "mode": entry["mode"], "gpus": gpus, "unit": unit,
+        row = {"report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"), "gpus": gpus, "unit": unit,
                "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
                "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
                "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],

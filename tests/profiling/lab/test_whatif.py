@@ -96,8 +96,12 @@ def test_a_report_of_several_ranks_gives_the_link_its_rate_from_its_own_all_redu
     assert not whatif.is_one_process({"report": "nsight_logs/ddp_20251001_173345/gpu_2.nsys-rep"})
 
 
-def test_resnet18s_gradient_size_is_the_models_own():
+def test_each_models_gradient_size_is_its_own_counted_parameters():
+    from models import build_model
+    for name, mb in whatif.GRAD_MB.items():
+        assert sum(p.numel() for p in build_model(name, 10).parameters()) * 4 / 1e6 == pytest.approx(mb, abs=0.001), name
     assert gradient_mb({"config": {"model": "resnet18"}}) == pytest.approx(whatif.RESNET18_GRAD_MB, abs=0.001)
+    assert gradient_mb({"config": {"model": "resnet20"}}) == whatif.GRAD_MB["resnet20"]
 
 
 def test_whatif_runs_from_a_summary_json_alone_without_importing_torch(tmp_path):
