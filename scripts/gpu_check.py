@@ -11,6 +11,7 @@ not started within --budget, 143 stopped by SIGTERM (the current check's process
 the report written). --rehearse runs the 2-GPU plan on this CPU, GPUs hidden.
 """
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.gpu_check_machine import (  # noqa: E402
-    measured_times, missing_pieces, module_present, no_dali_warning, nsys_problem, skip_lines)
+    measured_times, missing_pieces, module_present, no_dali_warning, nsys_problem, out_problem, skip_lines)
 from scripts.gpu_check_plan import (  # noqa: E402
     GPU, ONE_GPU_MODES_TEST, REHEARSAL, SIGSTOP_TEST, Check, Scale, estimate_s, parse_part, plan, select, train)
 from scripts.gpu_check_rehearse import rehearse  # noqa: E402
@@ -60,8 +61,14 @@ def arguments(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help=f"no package index: install nothing (gpu_check.sh picks a Python with torch); on a GPU "
                         f"--budget defaults to {OFFLINE_BUDGET_S} s, one 10-minute command")
     args = p.parse_args(argv)
+    # One line per bad option, said before anything runs.
+    args.problems = [] if args.budget is None or (math.isfinite(args.budget) and args.budget > 0) else [
+        f"gpu_check: --budget {args.budget:g} is not a finite number of seconds above 0; give e.g. --budget 570, or leave "
+        "it out for no budget"]
     if args.budget is None:
         args.budget = OFFLINE_BUDGET_S if args.offline and not args.rehearse else 0.0
+    args.out = Path(args.out or ("gpu_check_rehearsal" if args.rehearse else "gpu_check")).resolve()
+    args.problems += [line for line in (out_problem(args.out),) if line]
     return args
 
 
@@ -95,21 +102,26 @@ def say_plan(checks: List[Check], scale: Scale, budget: float, measured: dict, s
 def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.monotonic()  # --budget counts from here: the environment and the nsys probe take time too
     args = arguments(argv)
-    missing = missing_pieces()
+    missing = args.problems or missing_pieces()
     if missing:
         print("\n".join(missing), file=sys.stderr)
         return 2
     if args.rehearse:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: this process and every launch on the CPU
+    from handler.runtime.cuda_build import ask_smi, gpus_hidden
     from handler.runtime.devices import cuda_status
     from handler.runtime.gpu_precision import native_bf16
     gpus, why = (REHEARSAL_GPUS, "") if args.rehearse else cuda_status()
+    driver = "" if gpus or gpus_hidden() else ask_smi().broken_driver
+    if driver:
+        print(f"gpu_check: {driver}", file=sys.stderr)
+        return 2
     if not gpus:
         why = why.removesuffix("; running on CPU") or "none visible"
         print(f"gpu_check: no usable CUDA GPU ({why}); run it on a GPU machine, or --rehearse on a CPU",
               file=sys.stderr)
         return 2
-    out = Path(args.out or ("gpu_check_rehearsal" if args.rehearse else "gpu_check")).resolve()
+    out = args.out
     env = {**environment(rehearsal=args.rehearse), "offline": args.offline}
     measured = measured_times(out, env)
     try:

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List
 
@@ -32,6 +33,22 @@ def missing_pieces() -> List[str]:
     return [f"gpu_check: {sys.executable} cannot import {module}, which train_cifar.py needs (every check "
             f"would fail): pip install {package}, or name a Python that has it with PYTHON=" for module, package
             in TRAINER_NEEDS.items() if not module_present(module)]
+
+
+def out_problem(out: Path) -> str:
+    """The one line for an --out folder gpu_check could not create or write in (a file, a path
+    under a file, a folder without write permission), else "". Creates nothing."""
+    folder = out
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        where = "is a file" if folder == out else f"is under {folder}, which is a file"
+        return f"gpu_check: --out {out} {where}; name a folder (it is made if missing)"
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        return f"gpu_check: --out {out}: cannot write in {folder} ({err.strerror}); name a folder you can write"
+    return ""
 
 
 def no_dali_warning() -> str:

@@ -20,6 +20,8 @@ TORCH_PINS = "torch==2.14.1 torchvision==0.29.1"  # as in requirements.txt (a te
 CU12_INDEX = "https://download.pytorch.org/whl/cu126"
 CU128_INDEX = "https://download.pytorch.org/whl/cu128"
 SMI_TIMEOUT_S = 10
+DRIVER_FIX = (": the driver is installed but not working; reboot (a kernel or driver update without a reboot "
+              "does this) or reinstall the NVIDIA driver for the running kernel")
 CUDA13_MIN_CAPABILITY = (7, 5)  # Turing: the oldest GPU that torch's CUDA 13 builds run on
 Capability = Tuple[int, int]
 
@@ -69,14 +71,73 @@ def _smi(*args: str, smi: str = "nvidia-smi") -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
+@dataclass(frozen=True)
+class SmiAnswer:
+    """`nvidia-smi -L`, classified. `problem` (else "") names a driver that is installed but
+    unreachable, with nvidia-smi's own message; only without one does an empty `listing` mean
+    no NVIDIA GPU."""
+    listing: str
+    problem: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return sum(line.startswith("GPU ") for line in self.listing.splitlines())
+
+    @property
+    def broken_driver(self) -> str:
+        """The problem and its fix, for a one-line error; "" where the driver answers."""
+        return f"{self.problem}{DRIVER_FIX}" if self.problem else ""
+
+
+def nvidia_gpu_on_bus() -> bool:
+    """An NVIDIA display or 3D controller (vendor 0x10de, class 0x03xx) on the PCI bus, or the
+    driver's /proc entry. HARNESS_SYSROOT (empty) prefixes both paths, as install_nsys.sh's
+    NSYS_INSTALL_SYSROOT does: the tests point it at a fake machine."""
+    root = os.environ.get("HARNESS_SYSROOT", "")
+    if os.path.exists(f"{root}/proc/driver/nvidia/version"):
+        return True
+    devices = f"{root}/sys/bus/pci/devices"
+    for name in os.listdir(devices) if os.path.isdir(devices) else []:
+        try:
+            with open(f"{devices}/{name}/vendor") as vendor, open(f"{devices}/{name}/class") as kind:
+                if vendor.read().strip() == "0x10de" and kind.read().strip().startswith("0x03"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def ask_smi(smi: str = "nvidia-smi") -> SmiAnswer:
+    """Ask nvidia-smi for its GPUs and classify the outcome: listed GPUs; none (no nvidia-smi, an
+    empty list, or Debian's nvidia-smi on a machine without an NVIDIA GPU); or a broken driver
+    (a hung nvidia-smi, a library/driver mismatch, or a failure beside an NVIDIA GPU on the bus)."""
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
+    except OSError:
+        return SmiAnswer("")
+    except subprocess.TimeoutExpired:
+        return SmiAnswer("", f"nvidia-smi did not answer within {SMI_TIMEOUT_S} s (the NVIDIA driver is hung)")
+    if done.returncode == 0:
+        return SmiAnswer(done.stdout)
+    said = next((line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()), "no message")
+    if "mismatch" in said.lower() or nvidia_gpu_on_bus():
+        return SmiAnswer("", f"nvidia-smi cannot reach the NVIDIA driver ({said!r}, exit {done.returncode})")
+    return SmiAnswer("")
+
+
+def gpus_hidden() -> bool:
+    """CUDA_VISIBLE_DEVICES set to nothing: the explicit way to run on the CPU."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
+
+
 def smi_gpu_list(smi: str = "nvidia-smi") -> str:
     """`nvidia-smi -L`: a line per GPU ("GPU 0: <name> (UUID: GPU-...)"), then its MIG devices."""
-    return _smi("-L", smi=smi)
+    return ask_smi(smi).listing
 
 
 def smi_gpu_count(smi: str = "nvidia-smi") -> int:
     """GPUs the driver lists (all of them: nvidia-smi ignores CUDA_VISIBLE_DEVICES)."""
-    return sum(line.startswith("GPU ") for line in smi_gpu_list(smi).splitlines())
+    return ask_smi(smi).gpus
 
 
 def driver_cuda_version(smi: str = "nvidia-smi") -> Optional[Capability]:
@@ -103,11 +164,13 @@ def smi_compute_capability(smi: str = "nvidia-smi") -> Optional[Capability]:
     return caps[0] if caps else None
 
 
-def smi_compute_modes(smi: str = "nvidia-smi") -> List[str]:
-    """Each listed GPU's compute mode ("Default", "Exclusive_Process", "Prohibited"); [] where
-    nvidia-smi cannot say. Like -L, it lists every GPU, whatever CUDA_VISIBLE_DEVICES says."""
-    answer = _smi("--query-gpu=compute_mode", "--format=csv,noheader", smi=smi)
-    return [line.strip() for line in answer.splitlines() if line.strip()]
+def smi_gpu_rows(smi: str = "nvidia-smi") -> List[Tuple[str, str, str, str]]:
+    """Each listed GPU's (index, UUID, PCI bus id, compute mode), e.g. ("0", "GPU-5f2c...",
+    "00000000:17:00.0", "Exclusive_Process"); [] where nvidia-smi cannot say. Like -L, it lists
+    every GPU, whatever CUDA_VISIBLE_DEVICES says (handler/runtime/compute_modes.py maps them)."""
+    answer = _smi("--query-gpu=index,uuid,pci.bus_id,compute_mode", "--format=csv,noheader", smi=smi)
+    rows = [tuple(field.strip() for field in line.split(",")) for line in answer.splitlines()]
+    return [(row[0], row[1], row[2], row[3]) for row in rows if len(row) == 4]
 
 
 def _text(version: Capability) -> str:
@@ -115,12 +178,14 @@ def _text(version: Capability) -> str:
 
 
 def choose_build(driver: Optional[Capability], override_url: Optional[str] = None,
-                 capability: Optional[Capability] = None, highest: Optional[Capability] = None) -> Build:
+                 capability: Optional[Capability] = None, highest: Optional[Capability] = None,
+                 no_gpu: str = "no NVIDIA GPU") -> Build:
     """The builds for a driver that runs CUDA `driver` and GPUs whose lowest compute capability
     is `capability` and highest `highest` (None: unknown, taken as new enough and as the lowest).
-    PyPI's default where it fits all three; else the oldest build with kernels for both."""
+    PyPI's default where it fits all three; else the oldest build with kernels for both. `no_gpu`
+    says why there is no driver to fit."""
     if driver is None:
-        return Build(override_url, _DALI12, "no NVIDIA GPU: PyPI's torch (runs on the CPU)"
+        return Build(override_url, _DALI12, f"{no_gpu}: PyPI's torch (runs on the CPU)"
                      + ("; torch index from TORCH_INDEX_URL" if override_url else ""))
     if driver[0] < 12:
         build = Build(None, _DALI12, f"CUDA {_text(driver)} driver is older than CUDA 12, which torch 2.6+ needs: "
@@ -176,9 +241,16 @@ def dali_install_hint() -> str:
 
 
 def main() -> int:
-    driver = driver_cuda_version()
+    smi = ask_smi()
+    problem = smi.problem
+    if problem and not gpus_hidden():
+        print(f"setup: {smi.broken_driver}; to set up for the CPU anyway: CUDA_VISIBLE_DEVICES= bash scripts/setup.sh",
+              file=sys.stderr)
+        return 2
+    driver = None if problem else driver_cuda_version()
     caps = smi_compute_capabilities() if driver else None
-    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), *(caps or (None, None)))
+    build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), *(caps or (None, None)),
+                         no_gpu=f"{problem}, and CUDA_VISIBLE_DEVICES= hides the GPUs" if problem else "no NVIDIA GPU")
     if not build.ok:
         print(f"setup: no torch build fits this machine: {build.reason}", file=sys.stderr)
         return 2

@@ -10,7 +10,9 @@ import sys
 import warnings
 from typing import Tuple
 
+from .cuda_build import gpus_hidden
 from .errors import UserError, one_line_errors
+
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,11 +27,6 @@ def cuda_status() -> Tuple[int, str]:
         return count, ""  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
     reason = next((str(w.message).split(". ")[0] for w in caught), "")
     return 0, f"CUDA not usable ({reason}); running on CPU" if reason else ""
-
-
-def gpus_hidden() -> bool:
-    """CUDA_VISIBLE_DEVICES set to nothing: the explicit way to run on the CPU."""
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
 
 
 def unknown_visible_device(variable, smi_listing: str) -> str:
@@ -54,11 +51,15 @@ def require_usable_gpus() -> int:
     count = cuda_status()[0]
     if count:
         return count  # gpu-only: tests/machine/test_gpu.py::test_every_mode_trains_end_to_end_on_one_gpu[ddp]
-    from .cuda_build import driver_cuda_version, install_hint, smi_gpu_count, smi_gpu_list
-    listed = smi_gpu_count()
+    from .cuda_build import ask_smi, driver_cuda_version, install_hint
+    smi = ask_smi()
+    if smi.problem:
+        raise UserError(f"{smi.broken_driver}; torch sees no GPU until then (or run on the CPU on purpose with "
+                        "CUDA_VISIBLE_DEVICES=)")
+    listed = smi.gpus
     if not listed:
         return 0
-    wrong = unknown_visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), smi_gpu_list())
+    wrong = unknown_visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), smi.listing)
     if wrong:
         indices = "0" if listed == 1 else f"0-{listed - 1}"
         raise UserError(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} hides every GPU: {wrong!r} is none "
