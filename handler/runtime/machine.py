@@ -9,15 +9,18 @@ handler/DDP/utils.py's initialize_group names NCCL_P2P_DISABLE=1 when a start ha
   DataParallel then trains on garbage and its loss goes NaN, or the copy hangs; NCCL may hang
   at start);
 - /dev/shm is big enough for NCCL's shared-memory transport (a container's default 64 MB is not);
-- the GPUs' compute mode (nvidia-smi): what EXCLUSIVE_PROCESS means for the mode, in one line.
-The launcher runs the GPU checks in a short-lived child process (`child_main`), so no CUDA context of theirs outlives them: one per GPU held for a
-whole run, and fatal where a GPU takes one process only. Under torchrun each worker checks only
+- the compute mode of each GPU the run uses (nvidia-smi's rows matched to the visible GPUs:
+  handler/runtime/compute_modes.py): PROHIBITED refuses, EXCLUSIVE_PROCESS gets a note.
+The launcher runs the GPU checks in a short-lived child process (`child_main`), so no CUDA
+context of theirs outlives them (one per GPU held for a whole run, fatal where a GPU takes one
+process only); a child that crashes is named as a crash, one silent past its bound as a hang. Under torchrun each worker checks only
 its own GPU, after set_device. The GPU count is checked where --num_gpu is parsed
 (handler/train/config.py).
 """
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,14 +28,17 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import IO, Callable, Iterator, List, Optional, Tuple
 
+from .compute_modes import Identity, bare_uuid, compute_mode_lines, run_gpus
 from .errors import UserError
 
 SHM_MIN_BYTES = 512 * 2**20
 START_BOUND_S = 60.0
 KERNELS_BOUND_S = 120.0  # the child's start (torch import) and a CUDA context per GPU
 COPIES_BOUND_S = 30.0  # 4 MB each way per GPU pair: milliseconds where peer-to-peer works
+EXIT_GRACE_S = 5.0  # a child that answered exits (CUDA teardown, nsys's flush) before it is killed
+STDERR_TAIL_BYTES = 4096  # of a crashed child's stderr, for its last lines
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = "import sys; from handler.runtime.machine import child_main; sys.exit(child_main(sys.argv[1:]))"
 GO_ON = "HARNESS_ALLOW_BROKEN_PEERS"  # =1: train DataParallel over broken peer-to-peer anyway
@@ -41,6 +47,22 @@ GO_ON = "HARNESS_ALLOW_BROKEN_PEERS"  # =1: train DataParallel over broken peer-
 def _cuda_kernel(index: int) -> float:
     import torch
     return float((torch.ones(8, device=f"cuda:{index}") * 2).sum().item())  # gpu-only: gpu_check row `dp`
+
+
+def _cuda_identities(count: int) -> List[Identity]:
+    """Each of GPUs 0..count-1 as torch sees them: (UUID, PCI bus id), for their nvidia-smi rows
+    (handler/runtime/compute_modes.py); [] where torch cannot say (that module's fallback)."""
+    import torch
+    found: List[Identity] = []
+    try:
+        for index in range(count):
+            props = torch.cuda.get_device_properties(index)  # gpu-only: gpu_check row `dp`
+            pci = [int(getattr(props, f"pci_{part}_id", -1)) for part in ("domain", "bus", "device")]
+            found.append((bare_uuid(str(getattr(props, "uuid", "") or "")),
+                          (pci[0], pci[1], pci[2]) if min(pci) >= 0 else None))
+    except RuntimeError:
+        return []
+    return found
 
 
 def _cuda_copy(src: int, dst: int) -> bool:
@@ -107,90 +129,105 @@ def check_shm(path: str = "/dev/shm", min_bytes: Optional[int] = None) -> str:
             "with 'unhandled system error'); set NCCL_SHM_DISABLE=1 or give the container --shm-size=1g")
 
 
-EXCLUSIVE_MEANING = {
-    "dp": "DataParallel drives every GPU from its one process: the run fits, and no other process can use them "
-          "meanwhile",
-    "ddp": "each rank holds only its own GPU (the launcher's checks ran in a child that has exited): the run fits "
-           "while no other process holds one of them; under torchrun start at most one process per GPU",
-    "fsdp": "each rank holds only its own GPU, as for ddp: the run fits while no other process holds one of them",
-    "pp": "each stage's rank holds only its own GPU: the run fits while no other process holds one of them",
-}
-EXCLUSIVE_MEANING["ddp_dali"] = EXCLUSIVE_MEANING["ddp"].replace("each rank", "each rank (DALI's pipeline with it)")
-
-
-def compute_mode_lines(mode: str, modes: List[str]) -> Tuple[str, str]:
-    """(a note on EXCLUSIVE_PROCESS GPUs saying what it means for `mode`, a refusal for
-    PROHIBITED ones), each "" where none is so; `modes` as nvidia-smi lists them."""
-    def listed(kind: str) -> str:
-        return ", ".join(str(i) for i, m in enumerate(modes) if m.replace(" ", "_").lower() == kind)
-    exclusive, prohibited = listed("exclusive_process"), listed("prohibited")
-    note = (f"note: GPU {exclusive} (as nvidia-smi numbers them) in compute mode EXCLUSIVE_PROCESS, one process "
-            f"per GPU: {EXCLUSIVE_MEANING.get(mode, EXCLUSIVE_MEANING['ddp'])}") if exclusive else ""
-    refusal = (f"GPU {prohibited} (as nvidia-smi numbers them) in compute mode PROHIBITED: no process may use "
-               "it; hide it with CUDA_VISIBLE_DEVICES, or have it set to DEFAULT (nvidia-smi -c DEFAULT, as root)"
-               ) if prohibited else ""
-    return note, refusal
-
-
 def run_checks(count: int, mode: str, nccl: bool, say: Callable[[str], None] = lambda stage: None,
                ) -> List[str]:
-    """Kernels on `count` GPUs, then (2+) peer copies, and /dev/shm where `nccl`; the warnings.
-    UserError for a failure. `say` names each stage as it starts (the child's bound uses it)."""
+    """The compute modes of the run's `count` GPUs (a PROHIBITED one refuses the run), kernels on
+    them, then (2+) peer copies, and /dev/shm where `nccl`; the warnings and notes. UserError for a
+    failure. `say` names each stage as it starts (the child's bound uses it)."""
+    say("modes")
+    from .cuda_build import smi_gpu_rows
+    note, refusal = compute_mode_lines(mode, *run_gpus(count, smi_gpu_rows(), _cuda_identities(count)))
+    if refusal:
+        raise UserError(refusal)
     say("kernels")
     check_kernels(count)
-    warnings = []
+    warnings = [note]
     if count > 1:
         say("copies")
         warnings.append(check_peer_copies(count, mode))
-        say("done")
+        say("shm")
         if nccl:
             warnings.append(check_shm())
     return [line for line in warnings if line]
 
 
 def checks_in_child(count: int, mode: str, nccl: bool) -> List[str]:
-    """run_checks in a short-lived child process, bounded: the copies by COPIES_BOUND_S (a hung
-    peer-to-peer copy is named in one line), the rest by KERNELS_BOUND_S. The warnings; UserError."""
+    """run_checks in a short-lived child process, bounded: the copies by COPIES_BOUND_S (a copy
+    silent past it is the IOMMU/ACS hang, in one line), the rest by KERNELS_BOUND_S. A child that
+    dies is named as a crash, with its signal or exit code and its last stderr lines; one that has
+    answered is given EXIT_GRACE_S to exit. The warnings and notes; UserError."""
     cmd = [sys.executable, "-c", CHILD, str(count), mode, "nccl" if nccl else "-"]
-    with tempfile.TemporaryFile("w+") as errors:
+    with tempfile.TemporaryFile("w+b") as errors:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True)
-        out = proc.stdout
-        assert out is not None  # PIPE
-        said: "queue.Queue[str]" = queue.Queue()  # the child's lines, read beside the clock
-        reader = threading.Thread(target=lambda: [said.put(line) for line in out], daemon=True)
-        reader.start()
-        stage, deadline, answer = "start", time.monotonic() + KERNELS_BOUND_S, None
-        try:
-            while answer is None:
-                try:
-                    line = json.loads(said.get(timeout=min(0.5, max(deadline - time.monotonic(), 0.01))))
-                except queue.Empty:
-                    if (not reader.is_alive() and said.empty()) or time.monotonic() >= deadline:
-                        break  # the child ended without an answer, or passed its bound
-                    continue
-                if "stage" in line:
-                    stage = line["stage"]
-                    deadline = time.monotonic() + (COPIES_BOUND_S if stage == "copies" else KERNELS_BOUND_S)
-                else:
-                    answer = line
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass  # stuck in the driver: SIGKILL lands when the call returns
-        if answer is None and stage == "copies":
+        stage, answer, silent = _child_answer(proc)
+        _end_child(proc, wait_s=0.0 if silent else EXIT_GRACE_S)
+        if answer is None and silent and stage == "copies":
             return [hung_copies_line(mode, COPIES_BOUND_S)]
         if answer is None:
-            errors.seek(0)
-            last = (errors.read().strip().splitlines() or [f"exit {proc.returncode}"])[-1][:160]
-            what = f"did not finish within {KERNELS_BOUND_S:.0f} s" if proc.returncode == -9 else f"failed ({last})"
-            raise UserError(f"the GPU checks (a child process: handler/runtime/machine.py) {what}; run nvidia-smi "
-                            "to see whether the GPUs answer, or python -m bench.gpu --quick for a traceback")
+            raise UserError(_child_failure(stage, proc.returncode if not silent else None, stderr_tail(errors)))
     if answer.get("error"):
         raise UserError(answer["error"])
     return answer.get("warnings", [])
+
+
+def _child_answer(proc: "subprocess.Popen[str]") -> Tuple[str, Optional[dict], bool]:
+    """Read the child's lines beside the clock: (the last stage it named, its answer or None,
+    whether it fell silent past its stage's bound)."""
+    out = proc.stdout
+    assert out is not None  # PIPE
+    said: "queue.Queue[str]" = queue.Queue()
+    reader = threading.Thread(target=lambda: [said.put(line) for line in out], daemon=True)
+    reader.start()
+    stage, deadline = "start", time.monotonic() + KERNELS_BOUND_S
+    while True:
+        try:
+            line = json.loads(said.get(timeout=min(0.5, max(deadline - time.monotonic(), 0.01))))
+        except queue.Empty:
+            if not reader.is_alive() and said.empty():
+                return stage, None, False  # it closed its output: it ended without an answer
+            if time.monotonic() >= deadline:
+                return stage, None, True
+            continue
+        if "stage" not in line:
+            return stage, line, False
+        stage = line["stage"]
+        deadline = time.monotonic() + (COPIES_BOUND_S if stage == "copies" else KERNELS_BOUND_S)
+
+
+def _end_child(proc: "subprocess.Popen[str]", wait_s: float) -> None:
+    """Let the child exit within wait_s (its teardown matters under nsys), else kill its group."""
+    try:
+        proc.wait(timeout=wait_s or 0.01)
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass  # stuck in the driver: SIGKILL lands when the call returns
+
+
+def stderr_tail(errors: IO[bytes], limit: int = STDERR_TAIL_BYTES, lines: int = 3) -> str:
+    """The last `lines` non-empty lines within the last `limit` bytes of the child's stderr."""
+    errors.seek(0, os.SEEK_END)
+    errors.seek(max(0, errors.tell() - limit))
+    said = [line.strip() for line in errors.read().decode(errors="replace").splitlines() if line.strip()]
+    return " | ".join(said[-lines:])[-400:]
+
+
+def _child_failure(stage: str, returncode: Optional[int], tail: str) -> str:
+    """The one line for a child that gave no answer: silent past its bound (returncode None),
+    or ended by a signal or an exit code: a crash, named with its last stderr lines."""
+    where = "the GPU checks (a child process: handler/runtime/machine.py)"
+    advice = "run nvidia-smi to see whether the GPUs answer, or python -m bench.gpu --quick for a traceback"
+    if returncode is None:
+        return f"{where} did not finish within {KERNELS_BOUND_S:.0f} s in the {stage} stage; {advice}"
+    how = f"exited with code {returncode}"
+    if returncode < 0:
+        how = f"died of {signal.Signals(-returncode).name if -returncode in signal.valid_signals() else -returncode}"
+    if stage == "copies":
+        advice = ("peer-to-peer copies crash on this host: use --mode ddp with NCCL_P2P_DISABLE=1, or " + advice)
+    return f"{where} {how} in the {stage} stage ({tail or 'no stderr'}); {advice}"
 
 
 def child_main(argv: List[str]) -> int:
@@ -210,11 +247,9 @@ def findings(count: int) -> List[str]:
     """Every check on `count` GPUs, in a child process, as the lines a run would print or stop
     with (scripts/gpu_check puts them in its report); empty when all pass."""
     try:
-        lines = checks_in_child(count, "ddp", nccl=True)
+        return checks_in_child(count, "ddp", nccl=True)
     except UserError as err:
-        lines = [str(err)]
-    from .cuda_build import smi_compute_modes
-    return [line for line in (*lines, *compute_mode_lines("ddp", smi_compute_modes())) if line]
+        return [str(err)]
 
 
 def check_own_gpu(local_rank: int) -> None:
@@ -236,11 +271,7 @@ def check_machine(cfg, one_process: bool) -> None:
         check_own_gpu(int(os.environ["LOCAL_RANK"]))
         lines = [] if one_process else [check_shm()]
     else:
-        from .cuda_build import smi_compute_modes
-        note, refusal = compute_mode_lines(cfg.mode, smi_compute_modes())
-        if refusal:
-            raise UserError(refusal)
-        lines = [note, *checks_in_child(cfg.num_gpu, cfg.mode, nccl=not one_process)]
+        lines = checks_in_child(cfg.num_gpu, cfg.mode, nccl=not one_process)
     for line in filter(None, lines):
         print(line, file=sys.stderr, flush=True)
 

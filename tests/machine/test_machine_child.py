@@ -1,8 +1,9 @@
 """The machine checks hold no CUDA context past themselves (handler/runtime/machine.py): the
 launcher runs them in a short-lived child, a torchrun worker checks only its own GPU after
 set_device, a hung GPU<->GPU copy is named within a bound, and the compute mode is read from
-nvidia-smi. No GPU here: the CUDA calls (a kernel on GPU i, a copy a->b, set_device) and
-nvidia-smi are the boundary, replaced; in the child by a sitecustomize on its PYTHONPATH."""
+nvidia-smi. No GPU here: the CUDA calls (a kernel on GPU i, a copy a->b, set_device, the
+GPUs' UUIDs) and nvidia-smi are the boundary, replaced; in the child by a sitecustomize on its
+PYTHONPATH, whose calls can also crash (os.abort, as a driver fault would) or hang."""
 import dataclasses
 import json
 import os
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from handler.runtime import machine
+from handler.runtime.compute_modes import EXCLUSIVE_MEANING
 from handler.runtime.errors import UserError
 from handler.train.config import Config
 from tests.conftest import ROOT
@@ -18,21 +20,36 @@ from tests.conftest import ROOT
 GPU_DDP = Config(mode="ddp", use_cuda=True, num_gpu=2, device="cuda:0")
 
 STAND_IN = """
-import json, os, time
+import atexit, json, os, sys, time
 from handler.runtime import machine
 record = os.environ["STAND_IN_RECORD"]
 def note(what):
     with open(record, "a") as f:
         f.write(json.dumps([os.getpid(), *what]) + "\\n")
+def fault(call):
+    how = os.environ.get("STAND_IN_" + call.upper())
+    if how == "hang":
+        time.sleep(3600)
+    if how == "abort":
+        print("stand-in driver: an illegal memory access in the " + call, file=sys.stderr, flush=True)
+        os.abort()
 def kernel(index):
     note(["kernel", index])
+    fault("kernel")
     return 16.0
 def copy(a, b):
     note(["copy", a, b])
-    if os.environ.get("STAND_IN_COPY") == "hang":
-        time.sleep(3600)
+    fault("copy")
     return True
-machine._cuda_kernel, machine._cuda_copy = kernel, copy
+def identities(count):
+    uuids = os.environ.get("STAND_IN_UUIDS")
+    return [(uuid, None) for uuid in uuids.split(",")][:count] if uuids else []
+def slow_exit(marker):
+    time.sleep(1.5)  # a CUDA teardown or nsys's flush at exit
+    open(marker, "w").close()
+if os.environ.get("STAND_IN_EXIT_MARKER"):
+    atexit.register(slow_exit, os.environ["STAND_IN_EXIT_MARKER"])
+machine._cuda_kernel, machine._cuda_copy, machine._cuda_identities = kernel, copy, identities
 """
 
 
@@ -44,6 +61,7 @@ def child_cuda(tmp_path, monkeypatch):
     (site / "sitecustomize.py").write_text(STAND_IN)
     monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{ROOT}")
     monkeypatch.setenv("STAND_IN_RECORD", str(tmp_path / "calls.jsonl"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the stand-in GPUs are visible
     monkeypatch.setenv("PATH", f"{smi(tmp_path, ['Default', 'Default'])}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(machine, "_cuda_kernel", lambda i: pytest.fail("the launcher ran a kernel itself"))
     monkeypatch.setattr(machine, "_cuda_copy", lambda a, b: pytest.fail("the launcher copied itself"))
@@ -55,11 +73,14 @@ def child_cuda(tmp_path, monkeypatch):
 
 
 def smi(tmp_path, modes):
-    """A stand-in nvidia-smi answering --query-gpu=compute_mode; its folder, for PATH."""
+    """A stand-in nvidia-smi answering the index,uuid,pci.bus_id,compute_mode query as the
+    driver does (GPU i has UUID GPU-0000000i-..., bus 0x1i); its folder, for PATH."""
     folder = tmp_path / "smi"
     folder.mkdir(exist_ok=True)
-    (folder / "nvidia-smi").write_text("#!/bin/sh\ncase \"$1\" in --query-gpu=compute_mode) "
-                                       + "; ".join(f"echo '{m}'" for m in modes) + " ;; *) exit 9 ;; esac\n")
+    rows = [f"{i}, GPU-{i:08x}-1111-2222-3333-444455556666, 00000000:{0x10 + i:02X}:00.0, {m}"
+            for i, m in enumerate(modes)]
+    (folder / "nvidia-smi").write_text("#!/bin/sh\ncase \"$1\" in --query-gpu=index,uuid,pci.bus_id,compute_mode) "
+                                       + "; ".join(f"echo '{row}'" for row in rows) + " ;; *) exit 9 ;; esac\n")
     (folder / "nvidia-smi").chmod(0o755)
     return folder
 
@@ -84,6 +105,37 @@ def test_a_hung_gpu_to_gpu_copy_is_named_in_one_line_within_its_bound(child_cuda
     with pytest.raises(UserError, match=r"did not finish within 2 s.*DataParallel would hang.*NCCL_P2P_DISABLE=1"):
         machine.check_machine(dataclasses.replace(GPU_DDP, mode="dp"), one_process=True)
     assert not [pid for pid in child_pids(child_cuda()) if alive(pid)], "a hung child was left running"
+
+
+@pytest.mark.parametrize("call, stage", [("kernel", "kernels"), ("copy", "copies")])
+def test_a_child_that_crashes_is_named_as_a_crash_with_its_signal_and_last_stderr_line(call, stage, child_cuda,
+                                                                                      monkeypatch):
+    # Before: a crash in the copies read as the 30-s IOMMU/ACS hang (and refused dp for it), its stderr dropped.
+    monkeypatch.setenv(f"STAND_IN_{call.upper()}", "abort")
+    started = time.monotonic()
+    with pytest.raises(UserError) as err:
+        machine.check_machine(dataclasses.replace(GPU_DDP, mode="dp"), one_process=True)
+    line = str(err.value)
+    assert time.monotonic() - started < 60 and "\n" not in line
+    assert f"died of SIGABRT in the {stage} stage" in line, line
+    assert f"stand-in driver: an illegal memory access in the {call}" in line
+    assert "IOMMU" not in line and "did not finish" not in line
+
+
+def test_a_child_silent_past_its_bound_before_the_copies_is_a_hang_and_is_ended(child_cuda, monkeypatch):
+    monkeypatch.setenv("STAND_IN_KERNEL", "hang")
+    monkeypatch.setattr(machine, "KERNELS_BOUND_S", 3.0)
+    with pytest.raises(UserError, match=r"did not finish within 3 s in the kernels stage; run nvidia-smi"):
+        machine.check_machine(GPU_DDP, one_process=False)
+    assert not [pid for pid in child_pids(child_cuda()) if alive(pid)], "a hung child was left running"
+
+
+def test_a_child_that_answered_is_let_exit_not_killed_mid_teardown(child_cuda, tmp_path, monkeypatch):
+    # Before: poll() right after the answer line found it still exiting and SIGKILLed it.
+    marker = tmp_path / "exited"
+    monkeypatch.setenv("STAND_IN_EXIT_MARKER", str(marker))
+    machine.check_machine(GPU_DDP, one_process=False)
+    assert marker.exists(), "the child was killed before its exit handlers ran"
 
 
 def child_pids(calls):
@@ -127,14 +179,15 @@ def test_exclusive_process_gpus_get_one_line_saying_what_it_means_for_the_mode(m
     monkeypatch.setattr(machine, "SHM_MIN_BYTES", 1)
     machine.check_machine(dataclasses.replace(GPU_DDP, mode=mode), one_process=mode == "dp")
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("note: GPU 0 (as nvidia-smi numbers them) in compute mode "
-                                                   "EXCLUSIVE_PROCESS")
-    assert lines[0].endswith(machine.EXCLUSIVE_MEANING[mode])
+    assert len(lines) == 1 and lines[0].startswith("note: GPU 0 in compute mode EXCLUSIVE_PROCESS (matched "
+                                                   "through CUDA_VISIBLE_DEVICES")
+    assert lines[0].endswith(EXCLUSIVE_MEANING[mode])
 
 
 def test_a_prohibited_gpu_stops_the_run_in_one_line_before_any_check(child_cuda, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{smi(tmp_path, ['Default', 'Prohibited'])}{os.pathsep}{os.environ['PATH']}")
-    with pytest.raises(UserError, match=r"^GPU 1 .* PROHIBITED: .*CUDA_VISIBLE_DEVICES.*nvidia-smi -c DEFAULT"):
+    with pytest.raises(UserError, match=r"^GPU 1 in compute mode PROHIBITED.*: no process may use it; leave it out "
+                                        r"of CUDA_VISIBLE_DEVICES.*nvidia-smi -i 1 -c DEFAULT"):
         machine.check_machine(GPU_DDP, one_process=False)
     assert child_cuda() == []
 
