@@ -73,14 +73,16 @@ def child_cuda(tmp_path, monkeypatch):
 
 
 def smi(tmp_path, modes):
-    """A stand-in nvidia-smi answering the index,uuid,pci.bus_id,compute_mode query as the
-    driver does (GPU i has UUID GPU-0000000i-..., bus 0x1i); its folder, for PATH."""
+    """A stand-in nvidia-smi answering the compute-mode queries as the driver does, for every GPU
+    (GPU i has UUID GPU-0000000i-..., bus 0x1i); its folder, for PATH."""
     folder = tmp_path / "smi"
     folder.mkdir(exist_ok=True)
     rows = [f"{i}, GPU-{i:08x}-1111-2222-3333-444455556666, 00000000:{0x10 + i:02X}:00.0, {m}"
             for i, m in enumerate(modes)]
-    (folder / "nvidia-smi").write_text("#!/bin/sh\ncase \"$1\" in --query-gpu=index,uuid,pci.bus_id,compute_mode) "
-                                       + "; ".join(f"echo '{row}'" for row in rows) + " ;; *) exit 9 ;; esac\n")
+    (folder / "nvidia-smi").write_text(
+        "#!/bin/sh\ncase \"$1\" in\n"
+        + "--query-gpu=index,uuid,pci.bus_id,compute_mode) " + "; ".join(f"echo '{row}'" for row in rows) + " ;;\n"
+        + "--query-gpu=compute_mode) " + "; ".join(f"echo '{m}'" for m in modes) + " ;;\n*) exit 9 ;;\nesac\n")
     (folder / "nvidia-smi").chmod(0o755)
     return folder
 
