@@ -15,7 +15,8 @@ SMI_HEADER = "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Versio
 
 def fake_smi(folder, gpus: int, cuda: str = "12.2", fails: bool = False):
     """An nvidia-smi on PATH: -L lists `gpus` GPUs, the plain call prints the header.
-    `fails` mimics Debian's nvidia-smi on a machine without a driver (exit 9)."""
+    `fails` mimics Debian's nvidia-smi on a machine without a driver (exit 9) and without an
+    NVIDIA GPU on its PCI bus (HARNESS_SYSROOT: an empty machine, whatever this host has)."""
     folder.mkdir(exist_ok=True)
     script = folder / "nvidia-smi"
     listing = "\n".join(f"echo 'GPU {i}: NVIDIA A100-SXM4-40GB (UUID: GPU-{i})'" for i in range(gpus))
@@ -23,7 +24,8 @@ def fake_smi(folder, gpus: int, cuda: str = "12.2", fails: bool = False):
             if fails else f'if [ "$1" = "-L" ]; then\n{listing or ":"}\nexit 0\nfi\necho "{SMI_HEADER.format(cuda=cuda)}"')
     script.write_text(f"#!/bin/sh\n{body}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+    machine = {"HARNESS_SYSROOT": str(folder / "empty")} if fails else {}
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", **machine}
 
 
 def visible(env):
