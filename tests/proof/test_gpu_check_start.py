@@ -1,9 +1,12 @@
 """gpu_check's start: its --budget counts from gpu_check's own start (the environment report and
 the nsys probe took over 2 minutes on a slow nsys, outside the budget), and a Python that lacks
-an import the trainer needs gets one line per missing piece instead of a traceback per row."""
+an import the trainer needs gets one line per missing piece instead of a traceback per row; so
+does a bad --budget or --out, before anything runs."""
 import json
 import os
 import sys
+
+import pytest
 
 from scripts import gpu_check
 
@@ -36,3 +39,21 @@ def test_a_python_without_numpy_or_tqdm_gets_one_line_per_missing_piece(monkeypa
     assert len(lines) == 2 and all(line.startswith(f"gpu_check: {sys.executable} cannot import ") for line in lines)
     assert "import numpy, which train_cifar.py needs" in lines[0] and lines[0].endswith("with PYTHON=")
     assert "pip install tqdm" in lines[1]
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("--budget", "-5", "--budget -5 is not a finite number of seconds above 0"),
+    ("--budget", "0", "--budget 0 is not a finite number of seconds above 0"),
+    ("--budget", "nan", "--budget nan is not a finite number"), ("--budget", "inf", "--budget inf is not a finite"),
+    ("--out", "{file}", "--out {file} is a file; name a folder"),
+    ("--out", "{file}/runs/a", "--out {file}/runs/a is under {file}, which is a file; name a folder"),
+    ("--out", "/proc/gpu_check_out", "--out /proc/gpu_check_out: cannot write in /proc (")])
+def test_a_bad_budget_or_out_stops_in_one_line_before_anything_runs(option, value, said, tmp_path, capsys):
+    # Before: --budget -5 ran (and exited 3); an --out under a file ended in a NotADirectoryError traceback.
+    file = tmp_path / "report.md"
+    file.write_text("")
+    assert gpu_check.main([option, value.format(file=file)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: " + said.format(file=file)), lines
+    assert captured.out == "" and sorted(tmp_path.iterdir()) == [file]
