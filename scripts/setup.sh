@@ -8,7 +8,8 @@
 # (handler/runtime/cuda_build.py; docs/GPU_CHECK.md "Builds"): PyPI's torch (CUDA 13) +
 # nvidia-dali-cuda130 where it fits, else torch from PyTorch's cu126 index (V100, P100; every
 # CUDA 12 driver) or cu128 one (Blackwell on a CUDA 12.8/12.9 driver) + nvidia-dali-cuda120. No
-# GPU: PyPI's torch + nvidia-dali-cuda120. Where no build fits, one line and exit 2.
+# GPU: PyPI's torch + nvidia-dali-cuda120. Where no build fits, one line and exit 2; so too where
+# nvidia-smi cannot reach an installed driver (CUDA_VISIBLE_DEVICES= sets up the no-GPU choice anyway).
 # TORCH_INDEX_URL overrides the torch index. SETUP_DRY_RUN=1 prints what it would do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ run() { if [ "$dry" = 1 ]; then echo "setup: would run: $*"; else "$@"; fi; }
 # sets TORCH_INDEX_URL, TORCH_PINS, DALI_PACKAGE and REASON.
 chosen=0
 build="$("$python" handler/runtime/cuda_build.py)" || chosen=$?
-[ "$chosen" = 2 ] && exit 2  # no build fits this machine: cuda_build.py said why in one line
+[ "$chosen" = 2 ] && exit 2  # no build fits, or a broken driver: cuda_build.py said why in one line
 [ "$chosen" = 0 ] \
     || { echo "setup: $python could not run handler/runtime/cuda_build.py; set PYTHON_BOOTSTRAP to a Python 3.9+" >&2; exit 1; }
 eval "$build"
