@@ -21,7 +21,7 @@ CU12_INDEX = "https://download.pytorch.org/whl/cu126"
 CU128_INDEX = "https://download.pytorch.org/whl/cu128"
 SMI_TIMEOUT_S = 10
 DRIVER_FIX = (": the driver is installed but not working; reboot (a kernel or driver update without a reboot "
-              "does this) or reinstall the NVIDIA driver for the running kernel")
+              "does this), or reload its kernel module, or reinstall the NVIDIA driver for the running kernel")
 CUDA13_MIN_CAPABILITY = (7, 5)  # Turing: the oldest GPU that torch's CUDA 13 builds run on
 Capability = Tuple[int, int]
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator, List, Optional, Tuple
 
 from .compute_modes import Identity, bare_uuid, compute_mode_lines, run_gpus
+from .cuda_build import smi_gpu_rows
 from .errors import UserError
 
 SHM_MIN_BYTES = 512 * 2**20
@@ -60,7 +61,7 @@ def _cuda_identities(count: int) -> List[Identity]:
             pci = [int(getattr(props, f"pci_{part}_id", -1)) for part in ("domain", "bus", "device")]
             found.append((bare_uuid(str(getattr(props, "uuid", "") or "")),
                           (pci[0], pci[1], pci[2]) if min(pci) >= 0 else None))
-    except RuntimeError:
+    except (RuntimeError, AssertionError):  # torch asserts on a device id it does not see
         return []
     return found
 
@@ -135,7 +136,6 @@ def run_checks(count: int, mode: str, nccl: bool, say: Callable[[str], None] = l
     them, then (2+) peer copies, and /dev/shm where `nccl`; the warnings and notes. UserError for a
     failure. `say` names each stage as it starts (the child's bound uses it)."""
     say("modes")
-    from .cuda_build import smi_gpu_rows
     note, refusal = compute_mode_lines(mode, *run_gpus(count, smi_gpu_rows(), _cuda_identities(count)))
     if refusal:
         raise UserError(refusal)
