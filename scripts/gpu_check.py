@@ -63,8 +63,8 @@ def arguments(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args = p.parse_args(argv)
     # One line per bad option, said before anything runs.
     args.problems = [] if args.budget is None or (math.isfinite(args.budget) and args.budget > 0) else [
-        f"gpu_check: --budget {args.budget:g} is not a finite number of seconds above 0; give e.g. --budget 570, or leave "
-        "it out for no budget"]
+        f"gpu_check: --budget {args.budget:g} is not a finite number of seconds above 0; give e.g. --budget 570, "
+        "or leave it out for no budget"]
     if args.budget is None:
         args.budget = OFFLINE_BUDGET_S if args.offline and not args.rehearse else 0.0
     args.out = Path(args.out or ("gpu_check_rehearsal" if args.rehearse else "gpu_check")).resolve()

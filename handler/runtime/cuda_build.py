@@ -120,7 +120,7 @@ def ask_smi(smi: str = "nvidia-smi") -> SmiAnswer:
     if done.returncode == 0:
         return SmiAnswer(done.stdout)
     said = next((line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()), "no message")
-    if "mismatch" in said.lower() or nvidia_gpu_on_bus():
+    if "driver/library version mismatch" in said.lower() or nvidia_gpu_on_bus():
         return SmiAnswer("", f'nvidia-smi cannot reach the NVIDIA driver ("{said}", exit {done.returncode})')
     return SmiAnswer("")
 

@@ -14,7 +14,6 @@ from .cuda_build import gpus_hidden
 from .errors import UserError, one_line_errors
 
 
-
 @functools.lru_cache(maxsize=None)
 def cuda_status() -> Tuple[int, str]:
     """(usable GPU count, why CUDA is unusable or ""). torch's own warning about a

@@ -13,9 +13,9 @@ handler/DDP/utils.py's initialize_group names NCCL_P2P_DISABLE=1 when a start ha
   handler/runtime/compute_modes.py): PROHIBITED refuses, EXCLUSIVE_PROCESS gets a note.
 The launcher runs the GPU checks in a short-lived child process (`child_main`), so no CUDA
 context of theirs outlives them (one per GPU held for a whole run, fatal where a GPU takes one
-process only); a child that crashes is named as a crash, one silent past its bound as a hang. Under torchrun each worker checks only
-its own GPU, after set_device. The GPU count is checked where --num_gpu is parsed
-(handler/train/config.py).
+process only); a child that crashes is named as a crash, one silent past its bound as a hang.
+Under torchrun each worker checks only its own GPU, after set_device. The GPU count is checked
+where --num_gpu is parsed (handler/train/config.py).
 """
 import json
 import os

@@ -62,7 +62,8 @@ def test_setup_names_a_broken_driver_in_one_line_and_installs_nothing(message, c
     assert lines[0].endswith("to set up for the CPU anyway: CUDA_VISIBLE_DEVICES= bash scripts/setup.sh")
 
 
-def test_setup_with_the_gpus_hidden_installs_the_cpu_choice_and_says_the_driver_is_broken(checkout, tmp_path):  # noqa: F811
+def test_setup_with_the_gpus_hidden_installs_the_cpu_choice_and_says_the_driver_is_broken(
+        checkout, tmp_path):  # noqa: F811
     env = machine_env(tmp_path, *NO_DRIVER, SETUP_DRY_RUN="1", PYTHON_BOOTSTRAP=sys.executable,
                       CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(["bash", str(checkout / "scripts" / "setup.sh")], env=env, capture_output=True,
