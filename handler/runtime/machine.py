@@ -100,21 +100,25 @@ def check_peer_copies(count: int, mode: str, copy: Optional[Callable[[int, int],
     if not broken:
         return ""
     what = f"GPU<->GPU copies {', '.join(broken)} return wrong values (peer-to-peer is broken on this host)"
+    return peer_trouble_line(mode, what, "DataParallel would train on garbage; use --mode ddp with NCCL_P2P_DISABLE=1",
+                             "if the run hangs or its loss goes NaN, set NCCL_P2P_DISABLE=1")
+
+
+def peer_trouble_line(mode: str, what: str, dp_fix: str, nccl_fix: str) -> str:
+    """Peer-to-peer trouble refuses dp (unless HARNESS_ALLOW_BROKEN_PEERS=1: DataParallel copies
+    between GPUs every step), and is one warning for the NCCL modes, which can turn it off."""
     if mode == "dp" and os.environ.get(GO_ON) != "1":
-        raise UserError(f"{what}: DataParallel would train on garbage; use --mode ddp with NCCL_P2P_DISABLE=1, "
-                        f"or set {GO_ON}=1 to go on anyway")
-    return f"warning: {what}; if the run hangs or its loss goes NaN, set NCCL_P2P_DISABLE=1"
+        raise UserError(f"{what}: {dp_fix}, or set {GO_ON}=1 to go on anyway")
+    return f"warning: {what}; {nccl_fix}"
 
 
 def hung_copies_line(mode: str, bound_s: float) -> str:
-    """The one line for GPU<->GPU copies that passed their bound: refuses dp (as broken copies
-    do), a warning for the NCCL modes."""
+    """The one line for GPU<->GPU copies that passed their bound."""
     what = (f"GPU<->GPU copies did not finish within {bound_s:.0f} s (peer-to-peer hangs on this host; the usual "
             "cause is the IOMMU or PCIe ACS routing peer traffic through the CPU's root complex)")
-    if mode == "dp" and os.environ.get(GO_ON) != "1":
-        raise UserError(f"{what}: DataParallel would hang; use --mode ddp with NCCL_P2P_DISABLE=1, or turn off "
-                        f"the IOMMU/ACS for peer-to-peer, or set {GO_ON}=1 to go on anyway")
-    return f"warning: {what}; NCCL would hang at start: set NCCL_P2P_DISABLE=1 (or turn off the IOMMU/ACS)"
+    return peer_trouble_line(mode, what, "DataParallel would hang; use --mode ddp with NCCL_P2P_DISABLE=1, or turn off "
+                                         "the IOMMU/ACS for peer-to-peer",
+                             "NCCL would hang at start: set NCCL_P2P_DISABLE=1 (or turn off the IOMMU/ACS)")
 
 
 def check_shm(path: str = "/dev/shm", min_bytes: Optional[int] = None) -> str:
@@ -161,10 +165,13 @@ def checks_in_child(count: int, mode: str, nccl: bool) -> List[str]:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True)
         stage, answer, silent = _child_answer(proc)
         _end_child(proc, wait_s=0.0 if silent else EXIT_GRACE_S)
-        if answer is None and silent and stage == "copies":
-            return [hung_copies_line(mode, COPIES_BOUND_S)]
+        if answer is None and stage == "copies":
+            return [hung_copies_line(mode, COPIES_BOUND_S) if silent else peer_trouble_line(
+                mode, _child_failure(stage, proc.returncode, stderr_tail(errors)),
+                "DataParallel would crash the same way; use --mode ddp with NCCL_P2P_DISABLE=1",
+                "NCCL's peer-to-peer may crash the same way: set NCCL_P2P_DISABLE=1")]
         if answer is None:
-            raise UserError(_child_failure(stage, proc.returncode if not silent else None, stderr_tail(errors)))
+            raise UserError(_child_failure(stage, None if silent else proc.returncode, stderr_tail(errors)))
     if answer.get("error"):
         raise UserError(answer["error"])
     return answer.get("warnings", [])
@@ -216,18 +223,17 @@ def stderr_tail(errors: IO[bytes], limit: int = STDERR_TAIL_BYTES, lines: int = 
 
 
 def _child_failure(stage: str, returncode: Optional[int], tail: str) -> str:
-    """The one line for a child that gave no answer: silent past its bound (returncode None),
-    or ended by a signal or an exit code: a crash, named with its last stderr lines."""
+    """What happened to a child that gave no answer: silent past its bound (returncode None), or
+    ended by a signal or an exit code: a crash, named with its last stderr lines. Outside the
+    copies, the one line (with the advice) that stops the run."""
     where = "the GPU checks (a child process: handler/runtime/machine.py)"
-    advice = "run nvidia-smi to see whether the GPUs answer, or python -m bench.gpu --quick for a traceback"
+    advice = "; run nvidia-smi to see whether the GPUs answer, or python -m bench.gpu --quick for a traceback"
     if returncode is None:
-        return f"{where} did not finish within {KERNELS_BOUND_S:.0f} s in the {stage} stage; {advice}"
+        return f"{where} did not finish within {KERNELS_BOUND_S:.0f} s in the {stage} stage{advice}"
     how = f"exited with code {returncode}"
     if returncode < 0:
         how = f"died of {signal.Signals(-returncode).name if -returncode in signal.valid_signals() else -returncode}"
-    if stage == "copies":
-        advice = ("peer-to-peer copies crash on this host: use --mode ddp with NCCL_P2P_DISABLE=1, or " + advice)
-    return f"{where} {how} in the {stage} stage ({tail or 'no stderr'}); {advice}"
+    return f"{where} {how} in the {stage} stage ({tail or 'no stderr'})" + ("" if stage == "copies" else advice)
 
 
 def child_main(argv: List[str]) -> int:

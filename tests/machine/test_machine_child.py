@@ -111,7 +111,7 @@ def test_a_hung_gpu_to_gpu_copy_is_named_in_one_line_within_its_bound(child_cuda
 
 @pytest.mark.parametrize("call, stage", [("kernel", "kernels"), ("copy", "copies")])
 def test_a_child_that_crashes_is_named_as_a_crash_with_its_signal_and_last_stderr_line(call, stage, child_cuda,
-                                                                                      monkeypatch):
+                                                                                      monkeypatch, capsys):
     # Before: a crash in the copies read as the 30-s IOMMU/ACS hang (and refused dp for it), its stderr dropped.
     monkeypatch.setenv(f"STAND_IN_{call.upper()}", "abort")
     started = time.monotonic()
@@ -122,12 +122,18 @@ def test_a_child_that_crashes_is_named_as_a_crash_with_its_signal_and_last_stder
     assert f"died of SIGABRT in the {stage} stage" in line, line
     assert f"stand-in driver: an illegal memory access in the {call}" in line
     assert "IOMMU" not in line and "did not finish" not in line
+    if call == "copy":  # the NCCL modes can turn peer-to-peer off: a warning, as for a hang
+        assert "DataParallel would crash the same way" in line and machine.GO_ON in line
+        machine.check_machine(GPU_DDP, one_process=False)
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("warning: the GPU checks") and "SIGABRT" in lines[0]
+        assert lines[0].endswith("NCCL's peer-to-peer may crash the same way: set NCCL_P2P_DISABLE=1")
 
 
 def test_a_child_silent_past_its_bound_before_the_copies_is_a_hang_and_is_ended(child_cuda, monkeypatch):
     monkeypatch.setenv("STAND_IN_KERNEL", "hang")
-    monkeypatch.setattr(machine, "KERNELS_BOUND_S", 3.0)
-    with pytest.raises(UserError, match=r"did not finish within 3 s in the kernels stage; run nvidia-smi"):
+    monkeypatch.setattr(machine, "KERNELS_BOUND_S", 6.0)  # the child's start is bounded by it too
+    with pytest.raises(UserError, match=r"did not finish within 6 s in the kernels stage; run nvidia-smi"):
         machine.check_machine(GPU_DDP, one_process=False)
     assert not [pid for pid in child_pids(child_cuda()) if alive(pid)], "a hung child was left running"
 
