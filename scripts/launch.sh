@@ -37,6 +37,25 @@ fi
 [[ -z "${NUM_GPUS:-}" || "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] \
     || die "NUM_GPUS='$NUM_GPUS' is not a positive integer; set e.g. NUM_GPUS=2"
 
+# LOCAL_GPU_IDS picks among the GPUs the caller left visible, never beyond them: under a set
+# CUDA_VISIBLE_DEVICES its entries are places in that list (docs/PROFILING.md, "Settings").
+if [[ -n "${LOCAL_GPU_IDS:-}" && -v CUDA_VISIBLE_DEVICES ]]; then
+    given=() picked=()
+    [[ "${CUDA_VISIBLE_DEVICES// /}" == -1 ]] || IFS=, read -ra given <<<"${CUDA_VISIBLE_DEVICES// /}"
+    (( ${#given[@]} )) || die "LOCAL_GPU_IDS=$LOCAL_GPU_IDS names a GPU but CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES'" \
+        "hides every GPU; unset LOCAL_GPU_IDS to run on the CPU, or unset CUDA_VISIBLE_DEVICES"
+    IFS=, read -ra ids <<<"${LOCAL_GPU_IDS// /}"
+    for id in "${ids[@]}"; do
+        [[ $id =~ ^[0-9]+$ ]] && (( 10#$id < ${#given[@]} )) || die "LOCAL_GPU_IDS=$LOCAL_GPU_IDS: '$id' is not a place" \
+            "in CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; under it LOCAL_GPU_IDS counts 0..$(( ${#given[@]} - 1 )) in that list"
+        picked+=("${given[10#$id]}")
+    done
+    say "LOCAL_GPU_IDS=$LOCAL_GPU_IDS within CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: GPUs $(IFS=,; echo "${picked[*]}")"
+    export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${picked[*]}")"
+elif [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
+    export CUDA_VISIBLE_DEVICES="$LOCAL_GPU_IDS"
+fi
+
 PROFILE="${PROFILE:-auto}"
 case "$PROFILE" in auto|1|0) ;; *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;; esac
 NSYS_EXIT_TIMEOUT="${NSYS_EXIT_TIMEOUT:-120}"
@@ -68,24 +87,6 @@ case "$PROFILE" in
           fi ;;
 esac
 
-# LOCAL_GPU_IDS picks among the GPUs the caller left visible, never beyond them: under a set
-# CUDA_VISIBLE_DEVICES its entries are places in that list (docs/PROFILING.md, "Settings").
-if [[ -n "${LOCAL_GPU_IDS:-}" && -v CUDA_VISIBLE_DEVICES ]]; then
-    given=() picked=()
-    [[ "${CUDA_VISIBLE_DEVICES// /}" == -1 ]] || IFS=, read -ra given <<<"${CUDA_VISIBLE_DEVICES// /}"
-    (( ${#given[@]} )) || die "LOCAL_GPU_IDS=$LOCAL_GPU_IDS names a GPU but CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES'" \
-        "hides every GPU; unset LOCAL_GPU_IDS to run on the CPU, or unset CUDA_VISIBLE_DEVICES"
-    IFS=, read -ra ids <<<"${LOCAL_GPU_IDS// /}"
-    for id in "${ids[@]}"; do
-        [[ $id =~ ^[0-9]+$ ]] && (( 10#$id < ${#given[@]} )) || die "LOCAL_GPU_IDS=$LOCAL_GPU_IDS: '$id' is not a place" \
-            "in CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; under it LOCAL_GPU_IDS counts 0..$(( ${#given[@]} - 1 )) in that list"
-        picked+=("${given[10#$id]}")
-    done
-    say "LOCAL_GPU_IDS=$LOCAL_GPU_IDS within CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: GPUs $(IFS=,; echo "${picked[*]}")"
-    export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${picked[*]}")"
-elif [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
-    export CUDA_VISIBLE_DEVICES="$LOCAL_GPU_IDS"
-fi
 if [[ -z "${PYTHON:-}" ]]; then
     source "$ROOT/scripts/find_python.sh"
     choose_run_python launch || exit 2
