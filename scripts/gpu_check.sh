@@ -18,38 +18,17 @@ say() { echo "gpu_check: $*" >&2; }
 offline=0
 for arg in "$@"; do [[ $arg == --offline ]] && offline=1; done
 
-# Whether pip's index (PIP_INDEX_URL, else PyPI's; GPU_CHECK_INDEX_URL overrides) answers in time.
-index_answers() {
-    local url="${GPU_CHECK_INDEX_URL:-${PIP_INDEX_URL:-https://pypi.org/simple/}}" wait="${GPU_CHECK_INDEX_WAIT_S:-5}"
-    command -v python3 >/dev/null 2>&1 || return 1
-    timeout "$((wait + 1))" python3 -c 'import sys, urllib.request
-urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).close()' "$url" "$wait" >/dev/null 2>&1
-}
-
-# The first Python that imports torch (an active virtual environment, .venv, python3, python)
-# and its torch version, on two lines.
-python_with_torch() {
-    local candidate version
-    for candidate in ${VIRTUAL_ENV:+"$VIRTUAL_ENV/bin/python"} "$ROOT/.venv/bin/python" python3 python; do
-        command -v "$candidate" >/dev/null 2>&1 || continue
-        if version="$("$candidate" -c 'import torch; print(torch.__version__)' 2>/dev/null)"; then
-            command -v "$candidate"
-            echo "$version"
-            return 0
-        fi
-    done
-    return 1
-}
+source "$ROOT/scripts/find_python.sh"  # index_answers, python_with_torch
 
 if [[ -z "${PYTHON:-}" ]]; then
     if (( ! offline )) && ! index_answers; then
-        say "no package index answered within ${GPU_CHECK_INDEX_WAIT_S:-5} s: running --offline (installing nothing)"
+        say "no package index answered within $index_wait_s s: running --offline (installing nothing)"
         offline=1
         set -- "$@" --offline
     fi
     if (( offline )); then
         found="$(python_with_torch)" || {
-            say "--offline: no Python with torch found (tried ${VIRTUAL_ENV:+\$VIRTUAL_ENV/bin/python, }.venv/bin/python, python3, python); set PYTHON=/path/to/python3"
+            say "--offline: no Python with torch found (tried $torch_candidates); set PYTHON=/path/to/python3"
             exit 2
         }
         PYTHON="$(sed -n 1p <<<"$found")"

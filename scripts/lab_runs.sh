@@ -5,7 +5,10 @@
 #   bash scripts/lab_runs.sh MODE [train_cifar.py arguments]   DATASET_DIR (dataset): the kit's data folder
 #
 # A count above the visible GPUs is skipped, in one line (a 1-GPU box runs the 1-GPU run only);
-# without a GPU both run as CPU processes.
+# without a GPU both run as CPU processes. The runs use the first 1 and 2 of the GPUs the caller's
+# CUDA_VISIBLE_DEVICES leaves visible (all, when unset); CUDA_VISIBLE_DEVICES= keeps the CPU.
+# PYTHON (.venv via scripts/setup.sh; without a package index the first Python with torch,
+# installing nothing: scripts/find_python.sh).
 # Reports: nsight_logs/<mode>_<time>/gpu_<N>.nsys-rep; checkpoints: runs/<mode>_<time>/gpu_<N>.
 # dp and ddp read DATASET_DIR/cifar10 (torchvision's folder), ddp_dali DATASET_DIR/cifar10_images.
 set -euo pipefail
@@ -22,8 +25,9 @@ TIMESTAMP="${TIMESTAMP:-$(date +%Y%m%d_%H%M%S)}"
 export MODE DATA_DIR="${DATASET_DIR:-dataset}/$data"
 export NSIGHT_LOG_DIR="nsight_logs/${MODE}_$TIMESTAMP"
 if [[ -z "${PYTHON:-}" ]]; then
-    SETUP_KEEP_BUILD=1 bash "$ROOT/scripts/setup.sh" >&2 || { echo "lab_runs: set-up failed; see the pip output above" >&2; exit 2; }
-    export PYTHON="$ROOT/.venv/bin/python"
+    source "$ROOT/scripts/find_python.sh"
+    choose_run_python lab_runs || exit 2
+    export PYTHON  # chosen once, for both runs
 fi
 # torch counts them, honouring the caller's CUDA_VISIBLE_DEVICES (handler/runtime/devices.py).
 visible="$(cd "$ROOT" && "$PYTHON" -m handler.runtime.devices)" || exit 2
@@ -35,7 +39,13 @@ for gpus in 1 2; do
         continue
     fi
     export NUM_GPUS=$gpus
-    export LOCAL_GPU_IDS="$(seq -s, 0 $((gpus - 1)))"
+    # The first N of the GPUs the caller left visible (launch.sh reads these as places in the
+    # caller's CUDA_VISIBLE_DEVICES); on the CPU none, so CUDA_VISIBLE_DEVICES= keeps the CPU.
+    if (( visible > 0 )); then
+        export LOCAL_GPU_IDS="$(seq -s, 0 $((gpus - 1)))"
+    else
+        unset LOCAL_GPU_IDS
+    fi
     export CKPT_DIR="runs/${MODE}_$TIMESTAMP/gpu_$gpus"
     export NSIGHT_FILE_NAME="gpu_$gpus"
     mkdir -p "$CKPT_DIR"

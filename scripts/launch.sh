@@ -5,11 +5,12 @@
 #   MODE=ddp NUM_GPUS=2 scripts/launch.sh [train_cifar.py arguments...]
 #
 # MODE (ddp_dali) handler/modes.py's       NUM_GPUS (visible GPUs, else 2 CPU processes)
-# LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES)   CKPT_DIR (ckpt/<run name>/<start time>)
+# LOCAL_GPU_IDS (-> CUDA_VISIBLE_DEVICES; under a set one, places in it)  CKPT_DIR (ckpt/<run name>/<start time>)
 # DATA_DIR (./data): torchvision's CIFAR-10 folder or the course kit's PNG tree (docs/LAB.md); without a
 #   GPU the run trains on it when set, else on a synthetic set in ./data
 # NSIGHT_LOG_DIR (nsight_logs)              NSIGHT_FILE_NAME (<mode>_gpu<N> or <mode>_cpu<N>)
-# PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh)
+# PROFILE auto|1|0 (auto)                   PYTHON (.venv/bin/python, made by scripts/setup.sh; without
+#   a package index, the first Python with torch: scripts/find_python.sh)
 # GPU_METRICS 0|1 (0): nsys GPU metrics sampling  NSYS_INSTALLER (scripts/install_nsys.sh)
 # NSYS_EXIT_TIMEOUT (120): seconds without progress after training finished before nsys is ended
 # PROFILE_EPOCHS (epochs 1:2 of runs longer than 3 epochs, else all): the epochs nsys captures,
@@ -35,6 +36,25 @@ fi
 # Checked before set-up and the GPU count, so a typo costs no torch start-up.
 [[ -z "${NUM_GPUS:-}" || "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] \
     || die "NUM_GPUS='$NUM_GPUS' is not a positive integer; set e.g. NUM_GPUS=2"
+
+# LOCAL_GPU_IDS picks among the GPUs the caller left visible, never beyond them: under a set
+# CUDA_VISIBLE_DEVICES its entries are places in that list (docs/PROFILING.md, "Settings").
+if [[ -n "${LOCAL_GPU_IDS:-}" && -v CUDA_VISIBLE_DEVICES ]]; then
+    given=() picked=()
+    [[ "${CUDA_VISIBLE_DEVICES// /}" == -1 ]] || IFS=, read -ra given <<<"${CUDA_VISIBLE_DEVICES// /}"
+    (( ${#given[@]} )) || die "LOCAL_GPU_IDS=$LOCAL_GPU_IDS names a GPU but CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES'" \
+        "hides every GPU; unset LOCAL_GPU_IDS to run on the CPU, or unset CUDA_VISIBLE_DEVICES"
+    IFS=, read -ra ids <<<"${LOCAL_GPU_IDS// /}"
+    for id in "${ids[@]}"; do
+        [[ $id =~ ^[0-9]+$ ]] && (( 10#$id < ${#given[@]} )) || die "LOCAL_GPU_IDS=$LOCAL_GPU_IDS: '$id' is not a place" \
+            "in CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; under it LOCAL_GPU_IDS counts 0..$(( ${#given[@]} - 1 )) in that list"
+        picked+=("${given[10#$id]}")
+    done
+    say "LOCAL_GPU_IDS=$LOCAL_GPU_IDS within CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: GPUs $(IFS=,; echo "${picked[*]}")"
+    export CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${picked[*]}")"
+elif [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
+    export CUDA_VISIBLE_DEVICES="$LOCAL_GPU_IDS"
+fi
 
 PROFILE="${PROFILE:-auto}"
 case "$PROFILE" in auto|1|0) ;; *) die "PROFILE='$PROFILE' is not auto, 1 or 0" ;; esac
@@ -67,14 +87,9 @@ case "$PROFILE" in
           fi ;;
 esac
 
-if [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
-    export CUDA_VISIBLE_DEVICES="$LOCAL_GPU_IDS"
-fi
 if [[ -z "${PYTHON:-}" ]]; then
-    # First use creates .venv; later calls are a quick no-op (setup.sh keeps a stamp). An
-    # existing .venv keeps its builds: a driver they do not fit stops below, naming the fix.
-    SETUP_KEEP_BUILD=1 bash "$ROOT/scripts/setup.sh" >&2 || die "set-up failed; see the pip output above"
-    PYTHON="$ROOT/.venv/bin/python"
+    source "$ROOT/scripts/find_python.sh"
+    choose_run_python launch || exit 2
 fi
 # torch counts the GPUs (honouring CUDA_VISIBLE_DEVICES), and stops in one line when the
 # machine has GPUs this torch build cannot use: never CPU training with GPU defaults.

@@ -25,8 +25,10 @@ CUDA_VISIBLE_DEVICES= exec {sys.executable} "$@"
 def test_the_kits_run_flow_on_one_gpu_runs_one_and_skips_two_in_one_line(tmp_path):
     for name in ("scripts", "handler", "models", "train_cifar.py"):  # outputs land in tmp_path
         os.symlink(ROOT / name, tmp_path / name)
-    run = run_process(["bash", "scripts/lab_runs.sh", "ddp", *TINY], cwd=tmp_path, budget=30,
-                      env={"PROFILE": "0", "PYTHON": str(one_gpu_python(tmp_path / "bin")), "TIMESTAMP": "t0"})
+    # The box's GPU is visible to the caller (the suite hides GPUs with CUDA_VISIBLE_DEVICES=).
+    caller = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    run = run_process(["bash", "scripts/lab_runs.sh", "ddp", *TINY], cwd=tmp_path, budget=30, inherit=False,
+                      env={**caller, "PROFILE": "0", "PYTHON": str(one_gpu_python(tmp_path / "bin")), "TIMESTAMP": "t0"})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     logs = tmp_path / "nsight_logs" / "ddp_t0"
     assert (logs / "gpu_1.metrics.json").is_file() and not (logs / "gpu_2.metrics.json").exists()

@@ -107,7 +107,7 @@ def test_launch_keeps_an_installed_build_so_a_mismatch_stops_instead_of_download
     install_as(checkout, setup_dry(checkout, gpus=0, fails=True))
     out = setup_dry(checkout, cuda="12.4", SETUP_KEEP_BUILD="1")
     assert not pip_lines(out) and "build choice" not in out
-    assert "SETUP_KEEP_BUILD=1 bash" in (ROOT / "scripts" / "launch.sh").read_text()
+    assert "SETUP_KEEP_BUILD=1 bash" in (ROOT / "scripts" / "find_python.sh").read_text()  # launch.sh, lab_runs.sh
     # New requirements: launch.sh installs them, still with the builds .venv holds.
     with open(checkout / "requirements.txt", "a") as f:
         f.write("# changed\n")
