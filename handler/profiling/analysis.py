@@ -6,6 +6,7 @@ A phase's time is its own: the loop's `data` holds the loader's `h2d`, which cou
 only. Every name comes from handler/runtime/names.py, as the training side's do.
 """
 import bisect
+from dataclasses import asdict
 
 from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHASES
 
@@ -36,7 +37,28 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary["comm_config"] = comm_config(metrics)
     summary["convention"] = trace.convention
     summary["gpus"] = gpu_table(trace)
+    summary["incomplete"] = incomplete(trace.processes)
     return summary
+
+
+def incomplete(processes: tuple[Process, ...]) -> dict | None:
+    """Where a run cut short ended (trace.py, _cut_short): the first epoch left open, the ranks
+    it was open on, the complete epochs every rank kept (they still count) and one line saying so.
+    None for a run that closed every range."""
+    cut = [p for p in processes if p.cut_short]
+    if not cut:
+        return None
+    first = min(cut, key=lambda p: (p.cut_short.epoch is None, p.cut_short.epoch or 0))
+    where = f"epoch {first.cut_short.epoch}" if first.cut_short.epoch is not None else f"'{first.cut_short.range}'"
+    kept = min(sum(1 for r in p.ranges if EPOCH.match(r.name)) for p in processes)
+    dropped = sum(p.cut_short.dropped_steps for p in cut)
+    ranks = ", ".join(str(p.rank) for p in cut)
+    counted = (f"{kept} complete epoch{'s' if kept != 1 else ''} before it still count{'s' if kept == 1 else ''}"
+               if kept else "no epoch completed, so there is no epoch to time")
+    return {"epoch": first.cut_short.epoch, "range": first.cut_short.range, "ranks": [p.rank for p in cut],
+            "complete_epochs": kept, "dropped_steps": dropped,
+            "line": f"the run ended inside {where} (rank{'s' if len(cut) > 1 else ''} {ranks}; the range never "
+                    f"closed): {counted}; the {dropped} step{'s' if dropped != 1 else ''} inside it {'are' if dropped != 1 else 'is'} left out"}
 
 
 def comm_config(metrics: dict | None) -> dict | None:
@@ -85,6 +107,7 @@ def _rank(process: Process, trace: Trace) -> dict:
         **setup_ranges(process.ranges, [r for _, r in epochs]),
         "loop": loop_stats([r for _, r in epochs], batches, phase_time),
         "nccl_ranges": _named_totals(r for r in process.ranges if r.name.startswith(NCCL_RANGE)),
+        "incomplete": asdict(process.cut_short) if process.cut_short else None,
     }
 
 
