@@ -21,6 +21,7 @@ from .columns import GpuColumns, load_gpu
 from .conventions import OURS, Convention, detect
 from .devices import Copies, load_copies, load_peaks
 from .gpu_metrics import MetricSample, load_metric_samples
+from .nsys import AGAIN, export_problem
 
 @dataclass(frozen=True)
 class Range:
@@ -74,6 +75,8 @@ def _pid(global_id: int) -> int:
 
 def load_trace(path: Path, convention: Convention | None = None) -> Trace:
     """convention: how the ranges are named; None: detected (conventions.detect)."""
+    if problem := export_problem(path):
+        raise UserError(problem)
     try:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -87,7 +90,8 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
             names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
             copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
     except sqlite3.DatabaseError as err:
-        raise UserError(f"{path} is not an nsys SQLite export ({err}); pass the .nsys-rep instead")
+        raise UserError(f"{path} is truncated or damaged, not a readable nsys SQLite export (SQLite: {err}); "
+                        f"{AGAIN}") from None
     processes, source = (), ""
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
         processes, source = _processes(events)

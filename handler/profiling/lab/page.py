@@ -10,8 +10,10 @@ kernels (or the ranks, on CPU). Beside the cell the page says what ran, read fro
 "2 CPU processes". No two reports share a cell, a figure or an export. Each report gets a verdict
 line with its bound, see `verdict`.
 """
+import contextlib
 import json
 import re
+import sys
 from pathlib import Path
 
 from handler.runtime.errors import UserError
@@ -19,7 +21,7 @@ from handler.runtime.errors import UserError
 from ..analysis import summarize
 from .figures import draw
 from ..nsys import REPORT_SUFFIXES, sqlite_export
-from ..trace import load_trace
+from ..trace import Trace, load_trace
 from ..whatif import lab_section
 
 KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
@@ -131,8 +133,9 @@ def _share(part: float, whole: float) -> str:
 
 def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | None:
     """The lab page of a comparison (handler.compare): (label, process count, report) per profiled
-    cell that finished; the report's .sqlite export stands in where only it is left. A cell
-    whose report cannot be read leaves the page unwritten, and says why in one line."""
+    cell that finished; the report's .sqlite export stands in where only it is left. A cell whose
+    report cannot be read is left off the page and named on it; with none readable the page is
+    not written, and one line says why."""
     entries = []
     for label, count, report in cells:
         found = report if report.is_file() else report.with_suffix(".sqlite")
@@ -149,41 +152,76 @@ def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | Non
 
 
 def write_lab(entries: list[dict], out: Path, convention=None) -> str:
-    """Writes out/lab.md, out/lab.json and the figures; returns the page."""
+    """Writes out/lab.md, out/lab.json and the figures; returns the page. A report that cannot
+    be read is left off: the page's "Reports left off" and lab.json's `left_off` name it and why,
+    and so does one loud line each on stderr. UserError (no page) when none can be read."""
     out.mkdir(parents=True, exist_ok=True)
-    rows, exports = [], _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
-    for entry, export in zip(entries, exports):
-        trace = load_trace(sqlite_export(entry["report"], out / "exports" / export), convention)
-        summary = summarize(trace)
-        ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
-        gpus = entry["gpus"] or ran_gpus or processes
-        unit = "GPU" if ran_gpus else "CPU process"
-        row = {"report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"), "gpus": gpus, "unit": unit,
-               "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
-               "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
-               "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
-                          "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"],
-                          "comm": r["comm"]}
-                         for r in summary["ranks"]],
-               "gpu_table": summary["gpus"], "verdict": verdict(summary)}
-        # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
-        report = entry["report"]
-        row["figure"] = draw(trace, out / f".{export}.png",
-                             f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}")
-        rows.append(row)
-    _apart(rows)
+    rows, left_off, exports = [], [], _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
+    try:
+        for entry, export in zip(entries, exports):
+            try:
+                row, trace = _row(entry, out / "exports" / export, convention)
+            except UserError as err:
+                left_off.append({"report": str(entry["report"]), "why": str(err)})
+                _remove_empty(out / "exports" / export, out / "exports")
+                continue
+            # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
+            report = entry["report"]
+            row["figure"] = draw(trace, out / f".{export}.png",
+                                 f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}")
+            rows.append(row)
+        if not rows:
+            raise UserError(f"no lab page: none of the {len(entries)} reports can be read: "
+                            + "; ".join(b["why"] for b in left_off))
+        _apart(rows)
+        for row in rows:
+            figure = out / f"{row['name']}.png"
+            Path(row["figure"]["file"]).replace(figure)
+            row["figure"]["file"] = str(figure)
+    finally:  # a figure not yet named is never left behind, whatever stopped the page
+        for export in exports:
+            (out / f".{export}.png").unlink(missing_ok=True)
     for row in rows:
-        figure = out / f"{row['name']}.png"
-        Path(row["figure"]["file"]).replace(figure)
-        row["figure"]["file"] = str(figure)
         base = min((r for r in rows if r["mode"] == row["mode"] and r["epoch_s"]), key=lambda r: r["gpus"], default=None)
         row["speedup"] = base["epoch_s"] / row["epoch_s"] if base and row["epoch_s"] else None
         row["speedup_over_gpus"] = base["gpus"] if base else None
     rows.sort(key=lambda r: (r["mode"], r["gpus"]))
-    (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": rows}, indent=2))
-    page = "\n".join(_page(rows) + lab_section(rows))
+    (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": rows,
+                                              "left_off": left_off}, indent=2))
+    page = "\n".join(_page(rows, left_off) + lab_section(rows))
     (out / "lab.md").write_text(page)
+    for bad in left_off:
+        print(f"lab page: LEFT OFF: {bad['why']}", file=sys.stderr, flush=True)
+    if left_off:
+        print(f"lab page: {len(left_off)} of {len(entries)} reports left off (listed under 'Reports left off' in "
+              f"{out / 'lab.md'}); the page covers the other {len(rows)}", file=sys.stderr, flush=True)
     return page
+
+
+def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
+    """One report's row of the page, and its trace for the figure. UserError when it cannot be read."""
+    trace = load_trace(sqlite_export(entry["report"], exports), convention)
+    summary = summarize(trace)
+    ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
+    gpus = entry["gpus"] or ran_gpus or processes
+    unit = "GPU" if ran_gpus else "CPU process"
+    row = {"report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"), "gpus": gpus, "unit": unit,
+           "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
+           "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
+           "incomplete": summary["incomplete"],
+           "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
+                      "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"],
+                      "comm": r["comm"]}
+                     for r in summary["ranks"]],
+           "gpu_table": summary["gpus"], "verdict": verdict(summary)}
+    return row, trace
+
+
+def _remove_empty(*folders: Path) -> None:
+    """The export folders a report that could not be read left empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _ran(processes: int, gpus: int) -> str:
@@ -241,23 +279,35 @@ def _column(rows: list[dict], count: int) -> str:
     return _count(count, units.pop()) if len(units) == 1 else f"{_count(count, 'GPU')} or {_count(count, 'CPU process')}"
 
 
-def _page(rows: list[dict]) -> list[str]:
+def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
     modes, counts = sorted({r["mode"] for r in rows}), sorted({r["gpus"] for r in rows})
     cell = {(r["mode"], r["gpus"]): r for r in rows}
-    lines = ["# Lab profiles", "", "## Epoch time and speed-up", "",
+    lines = ["# Lab profiles", ""]
+    if left_off:
+        lines += ["## Reports left off", "", f"{len(left_off)} of {len(left_off) + len(rows)} reports could not be read "
+                  "and are not on this page:", "", *(f"- {bad['why']}" for bad in left_off), ""]
+    lines += ["## Epoch time and speed-up", "",
              "Epoch time in s (speed-up over the same mode on its fewest GPUs or processes); where a run did not "
              "use what its cell asked for, what ran is beside it.", "",
              "| mode | " + " | ".join(_column(rows, n) for n in counts) + " |", "|---" * (len(counts) + 1) + "|"]
     for mode in modes:
         lines.append(f"| {mode} | " + " | ".join(
             f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x)" + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
+            + _cut_note(c)
             if (c := cell.get((mode, n))) else "" for n in counts) + " |")
     lines += ["", "## Verdicts", "", BOUND_RULE, ""]
-    lines += [f"- **{r['mode']}, {_label(r)}**: {r['verdict']['line']}." for r in rows]
+    lines += [f"- **{r['mode']}, {_label(r)}**: " + (f"cut short: {r['incomplete']['line']}. " if r.get("incomplete") else "")
+              + f"{r['verdict']['line']}." for r in rows]
     lines += _gpu_tables(rows)
     lines += ["", "## Figures", "", "| " + " | ".join(r["name"] for r in rows) + " |", "|---" * len(rows) + "|",
               "| " + " | ".join(f"![{r['name']}]({Path(r['figure']['file']).name})" for r in rows) + " |", ""]
     return lines
+
+
+def _cut_note(row: dict) -> str:
+    """", cut short in epoch 3" beside the epoch time of a run that ended inside an epoch."""
+    cut = row.get("incomplete")
+    return "" if not cut else ", cut short" + ("" if cut["epoch"] is None else f" in epoch {cut['epoch']}")
 
 
 def _gpu_tables(rows: list[dict]) -> list[str]:
