@@ -37,28 +37,28 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary["comm_config"] = comm_config(metrics)
     summary["convention"] = trace.convention
     summary["gpus"] = gpu_table(trace)
-    summary["incomplete"] = incomplete(trace.processes)
+    summary["incomplete"] = incomplete(ranks)
     return summary
 
 
-def incomplete(processes: tuple[Process, ...]) -> dict | None:
-    """Where a run cut short ended (trace.py, _cut_short): the first epoch left open, the ranks
-    it was open on, the complete epochs every rank kept (they still count) and one line saying so.
-    None for a run that closed every range."""
-    cut = [p for p in processes if p.cut_short]
+def incomplete(ranks: list[dict]) -> dict | None:
+    """Where a run cut short ended (trace.py, _cut_short), from the ranks' own records: the first
+    epoch left open, the ranks it was open on, the complete epochs every rank kept (they still
+    count), the steps left out and one line saying so. None for a run that closed every range."""
+    cut = [r for r in ranks if r.get("incomplete")]
     if not cut:
         return None
-    first = min(cut, key=lambda p: (p.cut_short.epoch is None, p.cut_short.epoch or 0))
-    where = f"epoch {first.cut_short.epoch}" if first.cut_short.epoch is not None else f"'{first.cut_short.range}'"
-    kept = min(sum(1 for r in p.ranges if EPOCH.match(r.name)) for p in processes)
-    dropped = sum(p.cut_short.dropped_steps for p in cut)
-    ranks = ", ".join(str(p.rank) for p in cut)
+    first = min((r["incomplete"] for r in cut), key=lambda c: (c["epoch"] is None, c["epoch"] or 0))
+    where = f"epoch {first['epoch']}" if first["epoch"] is not None else f"'{first['range']}'"
+    kept = min(len(r["epochs"]) for r in ranks)
+    dropped = sum(r["incomplete"]["dropped_steps"] for r in cut)
     counted = (f"{kept} complete epoch{'s' if kept != 1 else ''} before it still count{'s' if kept == 1 else ''}"
                if kept else "no epoch completed, so there is no epoch to time")
-    return {"epoch": first.cut_short.epoch, "range": first.cut_short.range, "ranks": [p.rank for p in cut],
+    return {"epoch": first["epoch"], "range": first["range"], "ranks": [r["rank"] for r in cut],
             "complete_epochs": kept, "dropped_steps": dropped,
-            "line": f"the run ended inside {where} (rank{'s' if len(cut) > 1 else ''} {ranks}; the range never "
-                    f"closed): {counted}; the {dropped} step{'s' if dropped != 1 else ''} inside it {'are' if dropped != 1 else 'is'} left out"}
+            "line": f"the run ended inside {where} (rank{'s' if len(cut) > 1 else ''} "
+                    f"{', '.join(str(r['rank']) for r in cut)}; the range never closed): {counted}; the {dropped} "
+                    f"step{'s' if dropped != 1 else ''} inside it {'are' if dropped != 1 else 'is'} left out"}
 
 
 def comm_config(metrics: dict | None) -> dict | None:

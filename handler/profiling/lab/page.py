@@ -154,7 +154,23 @@ def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | Non
 def write_lab(entries: list[dict], out: Path, convention=None) -> str:
     """Writes out/lab.md, out/lab.json and the figures; returns the page. A report that cannot
     be read is left off: the page's "Reports left off" and lab.json's `left_off` name it and why,
-    and so does one loud line each on stderr. UserError (no page) when none can be read."""
+    and so does one loud line each on stderr (say_left_off). UserError (no page) when none can be read."""
+    page, left_off = build_lab(entries, out, convention)
+    say_left_off(left_off, len(entries), out)
+    return page
+
+
+def say_left_off(left_off: list[dict], total: int, out: Path) -> None:
+    """One line on stderr per report left off the page, and how many; nothing when none was."""
+    for bad in left_off:
+        print(f"lab page: LEFT OFF: {bad['why']}", file=sys.stderr, flush=True)
+    if left_off:
+        print(f"lab page: {len(left_off)} of {total} reports left off (listed under 'Reports left off' in "
+              f"{out / 'lab.md'}); the page covers the other {total - len(left_off)}", file=sys.stderr, flush=True)
+
+
+def build_lab(entries: list[dict], out: Path, convention=None) -> tuple[str, list[dict]]:
+    """write_lab's work, saying nothing: the page and the reports left off ({"report", "why"})."""
     out.mkdir(parents=True, exist_ok=True)
     rows, left_off, exports = [], [], _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
     try:
@@ -190,12 +206,7 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
                                               "left_off": left_off}, indent=2))
     page = "\n".join(_page(rows, left_off) + lab_section(rows))
     (out / "lab.md").write_text(page)
-    for bad in left_off:
-        print(f"lab page: LEFT OFF: {bad['why']}", file=sys.stderr, flush=True)
-    if left_off:
-        print(f"lab page: {len(left_off)} of {len(entries)} reports left off (listed under 'Reports left off' in "
-              f"{out / 'lab.md'}); the page covers the other {len(rows)}", file=sys.stderr, flush=True)
-    return page
+    return page, left_off
 
 
 def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
