@@ -49,7 +49,7 @@ def incomplete(ranks: list[dict]) -> dict | None:
     if not cut:
         return None
     first = min((r["incomplete"] for r in cut), key=lambda c: (c["epoch"] is None, c["epoch"] or 0))
-    where = f"epoch {first['epoch']}" if first["epoch"] is not None else f"'{first['range']}'"
+    where = EPOCH(first["epoch"]) if first["epoch"] is not None else f"'{first['range']}'"
     kept = min(len(r["epochs"]) for r in ranks)
     dropped = sum(r["incomplete"]["dropped_steps"] for r in cut)
     counted = (f"{kept} complete epoch{'s' if kept != 1 else ''} before it still count{'s' if kept == 1 else ''}"

@@ -153,10 +153,11 @@ def _capture_end(db, tables) -> int | None:
 
 def _cut_short(process: Process, capture_end: int | None) -> Process:
     """The process with the ranges from its first open epoch on left out, and where it ended.
-    An epoch is open when it has no end or ends at the capture's end (a finished loop closes
-    its epochs before it exits). Other ranges without an end are left out alone."""
+    An epoch is open when it has no end or ends exactly at the capture's end, where nsys puts
+    the end it never saw (a finished loop closes its epochs before it exits). Other ranges
+    without an end are left out alone."""
     def is_open(r: Range) -> bool:
-        return not r.closed or (capture_end is not None and r.end >= capture_end and bool(EPOCH.match(r.name)))
+        return not r.closed or (r.end == capture_end and bool(EPOCH.match(r.name)))
 
     opened = sorted((r for r in process.ranges if is_open(r)), key=lambda r: r.start)
     if not opened:

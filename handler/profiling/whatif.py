@@ -18,7 +18,7 @@ from bench.comm_model import exchange_s, line_time, ring_messages, ring_share, s
 from handler.runtime.errors import UserError, one_line_errors
 from handler.runtime.names import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER
 
-from .summary_check import check_summary
+from .lab.summary_check import check_summary
 
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
 POWER = 4.0  # how the CPU's and the wire's bounds add: every quiet bench.comm fit chose 4 (docs/COMM.md)

@@ -162,6 +162,31 @@ def test_a_folder_of_only_bad_reports_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "lab").exists() or not any((tmp_path / "lab").iterdir())
 
 
+def damaged(source: Path, target: Path) -> Path:
+    """Every other page from the third on overwritten: the header and the schema read, the tables not."""
+    data = bytearray(source.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    for start in range(2 * page, len(data) - page + 1, 2 * page):
+        data[start:start + page] = b"\xa5" * page
+    target.write_bytes(bytes(data))
+    return target
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda p: p.write_bytes(b"") or p, "is empty (0 bytes)"),
+    (lambda p: truncated(GOOD, p), "is truncated ("),
+    (lambda p: damaged(GOOD, p), "is truncated or damaged, not a readable nsys SQLite export (SQLite: "),
+    (lambda p: p.write_text("epoch 0: 12.5 s\n") and p, "is not SQLite (not an nsys SQLite export at all)"),
+], ids=["empty", "truncated", "damaged", "text"])
+def test_one_broken_export_is_one_line_saying_what_it_is(tmp_path, make, says):
+    """Before, an empty one read as an export without NVTX ranges."""
+    path = make(tmp_path / "ddp_1gpu.sqlite")
+    done = subprocess.run([sys.executable, "-m", "handler.profiling.report", str(path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"report: {path} {says}"), done.stderr
+
+
 def test_an_nsys_rep_nsys_cannot_export_is_left_off_with_no_export_behind(tmp_path):
     require_nsys()
     (tmp_path / "ddp_2gpu.nsys-rep").write_bytes(b"not a report" * 100)

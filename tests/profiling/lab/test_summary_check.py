@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from handler.profiling.analysis import summarize
-from handler.profiling.summary_check import FIX, check_summary
+from handler.profiling.lab.summary_check import FIX, check_summary
 from handler.profiling.trace import load_trace
 from handler.runtime.errors import UserError
 from tests.nsys_helpers import REPO
