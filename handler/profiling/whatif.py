@@ -210,7 +210,8 @@ def lab_section(rows: list[dict]) -> list[str]:
             found = predictions(summary, one_process=mode == "dp", grad_mb=gradient_mb(base.get("model")))
             table = markdown(found, f"the {mode} report", measured)
         except UserError as err:
-            lines += [f"- **{mode}**: no prediction: {err}.", ""]
+            cut = base.get("incomplete")  # a run cut short before its first epoch ended says so, not "no steps"
+            lines += [f"- **{mode}**: no prediction: {cut['line'] if cut and not cut['complete_epochs'] else err}.", ""]
             continue
         except Exception as err:  # a row the model cannot take costs its own line, never the page
             lines += [f"- **{mode}**: no prediction: the what-if model failed on this report "

@@ -303,11 +303,12 @@ def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
              "| mode | " + " | ".join(_column(rows, n) for n in counts) + " |", "|---" * (len(counts) + 1) + "|"]
     for mode in modes:
         lines.append(f"| {mode} | " + " | ".join(
-            f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x)" + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
+            (f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x)" if c["epoch_s"] is not None else "no complete epoch")
+            + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
             + _cut_note(c)
             if (c := cell.get((mode, n))) else "" for n in counts) + " |")
     lines += ["", "## Verdicts", "", BOUND_RULE, ""]
-    lines += [f"- **{r['mode']}, {_label(r)}**: " + (f"cut short: {r['incomplete']['line']}. " if r.get("incomplete") else "")
+    lines += [f"- **{r['mode']}, {_label(r)}**: " + (f"cut short: {r['incomplete']['line']}; " if r.get("incomplete") else "")
               + f"{r['verdict']['line']}." for r in rows]
     lines += _gpu_tables(rows)
     lines += ["", "## Figures", "", "| " + " | ".join(r["name"] for r in rows) + " |", "|---" * len(rows) + "|",
