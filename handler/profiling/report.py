@@ -119,6 +119,9 @@ def main(argv=None) -> None:
         title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)
         summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),
                    "one_line": one_line(analysis), **analysis}
+    if summary["incomplete"]:
+        summary["one_line"] += (f"; cut short inside {summary['incomplete']['range']} "
+                                f"(complete epochs counted: {summary['incomplete']['complete_epochs']})")
     page = markdown(summary, title) + ("\n" + "\n".join(extra) if extra else "")
     for note in ([f"Recorded by nsys {summary['recorded_by_nsys']}; {summary['open_with']}."] if summary.get("open_with")
                  else []) + ([f"Cut short: {summary['incomplete']['line']}."] if summary["incomplete"] else []):

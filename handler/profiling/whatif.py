@@ -250,7 +250,12 @@ def load_summary(path: Path) -> dict:
     except (OSError, ValueError) as err:
         raise UserError(f"{path} is not JSON ({err}); pass a .summary.json written by "
                         "python -m handler.profiling.report") from None
-    return check_summary(data, str(path))
+    summary = check_summary(data, str(path))
+    cut = summary.get("incomplete")
+    if cut and not cut["complete_epochs"]:
+        raise UserError(f"{path}: {cut.get('line') or 'the run ended before its first epoch did'}: nothing to predict "
+                        "from; profile a run that finishes at least one epoch")
+    return summary
 
 
 def main(argv=None) -> int:

@@ -81,6 +81,17 @@ def test_the_report_writes_the_cut_short_record_into_its_summary_json(tmp_path):
     summary = json.loads((tmp_path / f"{KILLED.stem}.summary.json").read_text())
     assert summary["incomplete"]["epoch"] == 1 and summary["ranks"][0]["incomplete"]["epoch"] == 1
     assert "Cut short: the run ended inside epoch 1" in (tmp_path / f"{KILLED.stem}.summary.md").read_text()
+    assert summary["one_line"].endswith("; cut short inside epoch 1 (complete epochs counted: 1)")
+
+
+def test_the_whatif_of_a_run_with_no_complete_epoch_is_one_line_saying_where_it_ended(tmp_path):
+    """Before: its steps had no epoch, and the model divided by the zero epoch time."""
+    from handler.profiling.report import main
+    main([str(without_epoch_end(GOOD, tmp_path / "cut.sqlite")), "--out", str(tmp_path), "--brief"])
+    done = subprocess.run([sys.executable, "-m", "handler.profiling.whatif", str(tmp_path / "cut.summary.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "the run ended inside epoch 0" in done.stderr and "finishes at least one epoch" in done.stderr
 
 
 @pytest.fixture(scope="module")
