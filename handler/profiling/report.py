@@ -21,7 +21,8 @@ from .analysis import incomplete, summarize
 from .merge import markdown_lines as merge_lines
 from .merge import merge
 from .conventions import from_mapping
-from .lab.page import build_lab, is_kit_layout, lab_reports, say_left_off
+from .lab.cells import is_kit_layout, lab_reports
+from .lab.page import build_lab, say_left_off
 from .nsys import REPORT_SUFFIXES, nsys_version, open_with, recorded_version, sqlite_export
 from .render import markdown, one_line
 from .trace import load_trace

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from handler.profiling.analysis import summarize
-from handler.profiling.lab.page import lab_reports, write_lab
+from handler.profiling.lab.cells import lab_reports
+from handler.profiling.lab.page import write_lab
 from handler.profiling.trace import load_trace
 from handler.profiling.whatif import lab_section
 from tests.nsys_helpers import REPO, require_nsys
