@@ -48,15 +48,14 @@ def incomplete(ranks: list[dict]) -> dict | None:
     cut = [r for r in ranks if r.get("incomplete")]
     if not cut:
         return None
-    first = min((r["incomplete"] for r in cut), key=lambda c: (c["epoch"] is None, c["epoch"] or 0))
-    where = EPOCH(first["epoch"]) if first["epoch"] is not None else f"'{first['range']}'"
+    first = min((r["incomplete"] for r in cut), key=lambda c: c["epoch"])
     kept = min(len(r["epochs"]) for r in ranks)
     dropped = sum(r["incomplete"]["dropped_steps"] for r in cut)
     counted = (f"{kept} complete epoch{'s' if kept != 1 else ''} before it still count{'s' if kept == 1 else ''}"
                if kept else "no epoch completed, so there is no epoch to time")
     return {"epoch": first["epoch"], "range": first["range"], "ranks": [r["rank"] for r in cut],
             "complete_epochs": kept, "dropped_steps": dropped,
-            "line": f"the run ended inside {where} (rank{'s' if len(cut) > 1 else ''} "
+            "line": f"the run ended inside {EPOCH(first['epoch'])} (rank{'s' if len(cut) > 1 else ''} "
                     f"{', '.join(str(r['rank']) for r in cut)}; the range never closed): {counted}; the {dropped} "
                     f"step{'s' if dropped != 1 else ''} inside it {'are' if dropped != 1 else 'is'} left out"}
 

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from handler.runtime.errors import UserError, one_line_errors
+from handler.runtime.names import EPOCH
 
 from .analysis import incomplete, summarize
 from .merge import markdown_lines as merge_lines
@@ -121,7 +122,7 @@ def main(argv=None) -> None:
         summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),
                    "one_line": one_line(analysis), **analysis}
     if summary["incomplete"]:
-        summary["one_line"] += (f"; cut short inside {summary['incomplete']['range']} "
+        summary["one_line"] += (f"; cut short inside {EPOCH(summary['incomplete']['epoch'])} "
                                 f"(complete epochs counted: {summary['incomplete']['complete_epochs']})")
     page = markdown(summary, title) + ("\n" + "\n".join(extra) if extra else "")
     for note in ([f"Recorded by nsys {summary['recorded_by_nsys']}; {summary['open_with']}."] if summary.get("open_with")

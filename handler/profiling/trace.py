@@ -39,9 +39,9 @@ class Range:
 
 @dataclass(frozen=True)
 class CutShort:
-    """Where a rank's run ended: inside `epoch` (None: in `range`, outside every epoch)."""
-    epoch: int | None
-    range: str  # the first range left open
+    """Where a rank's run ended: inside `epoch`, its first epoch range left open."""
+    epoch: int
+    range: str  # that range's name as the report has it
     complete_epochs: int  # the epochs before it, which still count
     dropped_steps: int  # the steps of the open epoch, left out with it
 
@@ -154,21 +154,23 @@ def _capture_end(db, tables) -> int | None:
 def _cut_short(process: Process, capture_end: int | None) -> Process:
     """The process with the ranges from its first open epoch on left out, and where it ended.
     An epoch is open when it has no end or ends exactly at the capture's end, where nsys puts
-    the end it never saw (a finished loop closes its epochs before it exits). Other ranges
-    without an end are left out alone."""
-    def is_open(r: Range) -> bool:
-        return not r.closed or (r.end == capture_end and bool(EPOCH.match(r.name)))
+    the end it never saw (a finished loop closes its epochs before it exits). Another range
+    without an end (a library's thread stopped at exit, say) is left out alone: it cannot be
+    timed, and the epochs around it are whole."""
+    def open_epoch(r: Range) -> bool:
+        return bool(EPOCH.match(r.name)) and (not r.closed or r.end == capture_end)
 
-    opened = sorted((r for r in process.ranges if is_open(r)), key=lambda r: r.start)
-    if not opened:
-        return process
-    epochs = [r for r in opened if EPOCH.match(r.name)]
-    first = epochs[0] if epochs else opened[0]
-    kept = tuple(r for r in process.ranges if not is_open(r) and (not epochs or r.start < first.start))
+    epochs = sorted((r for r in process.ranges if open_epoch(r)), key=lambda r: r.start)
+    if not epochs:
+        closed = tuple(r for r in process.ranges if r.closed)
+        return process if len(closed) == len(process.ranges) else replace(process, ranges=closed)
+    first = epochs[0]
+    kept = tuple(r for r in process.ranges if r.closed and r.start < first.start)
     found = EPOCH.match(first.name)
+    assert found, "epochs holds only epoch ranges"
     steps = sum(1 for r in process.ranges if BATCH.match(r.name)) - sum(1 for r in kept if BATCH.match(r.name))
     return replace(process, ranges=kept, cut_short=CutShort(
-        int(found.group(1)) if found else None, first.name, sum(1 for r in kept if EPOCH.match(r.name)), steps))
+        int(found.group(1)), first.name, sum(1 for r in kept if EPOCH.match(r.name)), steps))
 
 
 def _processes(events) -> tuple[tuple[Process, ...], str]:

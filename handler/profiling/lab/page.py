@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from handler.runtime.errors import UserError
+from handler.runtime.names import EPOCH
 
 from ..analysis import summarize
 from .figures import draw
@@ -263,7 +264,7 @@ def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
 def _cut_note(row: dict) -> str:
     """", cut short in epoch 3" beside the epoch time of a run that ended inside an epoch."""
     cut = row.get("incomplete")
-    return "" if not cut else ", cut short" + ("" if cut["epoch"] is None else f" in epoch {cut['epoch']}")
+    return f", cut short in {EPOCH(cut['epoch'])}" if cut else ""
 
 
 def _gpu_tables(rows: list[dict]) -> list[str]:

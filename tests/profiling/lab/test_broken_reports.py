@@ -76,6 +76,22 @@ def test_an_epoch_without_an_end_is_cut_short_with_no_complete_epoch_and_its_ste
     assert "no epoch completed" in summary["incomplete"]["line"]
 
 
+def test_a_library_range_without_an_end_is_left_out_and_the_run_is_not_cut_short(tmp_path):
+    """DALI's ranges on its own threads, one of them never closed: the epochs stay whole."""
+    copy = shutil.copyfile(GOOD, tmp_path / "dali_open.sqlite")
+    copy.chmod(0o644)
+    with closing(sqlite3.connect(copy)) as db:
+        changed = db.execute("UPDATE NVTX_EVENTS SET end = NULL WHERE rowid = (SELECT e.rowid FROM NVTX_EVENTS e "
+                             "LEFT JOIN StringIds s ON s.id = e.textId WHERE COALESCE(e.text, s.value) LIKE '[DALI]%' "
+                             "AND e.eventType = 59 "
+                             "ORDER BY e.start DESC LIMIT 1)").rowcount
+        db.commit()
+    assert changed == 1
+    whole, opened = summarize(load_trace(GOOD)), summarize(load_trace(copy))
+    assert opened["incomplete"] is None and opened["ranks"][0]["incomplete"] is None
+    assert opened["ranks"][0]["loop"] == whole["ranks"][0]["loop"]
+
+
 def test_the_report_writes_the_cut_short_record_into_its_summary_json(tmp_path):
     from handler.profiling.report import main
     main([str(KILLED), "--out", str(tmp_path), "--brief"])
