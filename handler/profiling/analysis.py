@@ -6,6 +6,7 @@ A phase's time is its own: the loop's `data` holds the loader's `h2d`, which cou
 only. Every name comes from handler/runtime/names.py, as the training side's do.
 """
 import bisect
+from dataclasses import asdict
 
 from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHASES
 
@@ -36,7 +37,27 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary["comm_config"] = comm_config(metrics)
     summary["convention"] = trace.convention
     summary["gpus"] = gpu_table(trace)
+    summary["incomplete"] = incomplete(ranks)
     return summary
+
+
+def incomplete(ranks: list[dict]) -> dict | None:
+    """Where a run cut short ended (trace.py, _cut_short), from the ranks' own records: the first
+    epoch left open, the ranks it was open on, the complete epochs every rank kept (they still
+    count), the steps left out and one line saying so. None for a run that closed every range."""
+    cut = [r for r in ranks if r.get("incomplete")]
+    if not cut:
+        return None
+    first = min((r["incomplete"] for r in cut), key=lambda c: c["epoch"])
+    kept = min(len(r["epochs"]) for r in ranks)
+    dropped = sum(r["incomplete"]["dropped_steps"] for r in cut)
+    counted = (f"{kept} complete epoch{'s' if kept != 1 else ''} before it still count{'s' if kept == 1 else ''}"
+               if kept else "no epoch completed, so there is no epoch to time")
+    return {"epoch": first["epoch"], "range": first["range"], "ranks": [r["rank"] for r in cut],
+            "complete_epochs": kept, "dropped_steps": dropped,
+            "line": f"the run ended inside {EPOCH(first['epoch'])} (rank{'s' if len(cut) > 1 else ''} "
+                    f"{', '.join(str(r['rank']) for r in cut)}; the range never closed): {counted}; the {dropped} "
+                    f"step{'s' if dropped != 1 else ''} inside it {'are' if dropped != 1 else 'is'} left out"}
 
 
 def comm_config(metrics: dict | None) -> dict | None:
@@ -85,6 +106,7 @@ def _rank(process: Process, trace: Trace) -> dict:
         **setup_ranges(process.ranges, [r for _, r in epochs]),
         "loop": loop_stats([r for _, r in epochs], batches, phase_time),
         "nccl_ranges": _named_totals(r for r in process.ranges if r.name.startswith(NCCL_RANGE)),
+        "incomplete": asdict(process.cut_short) if process.cut_short else None,
     }
 
 

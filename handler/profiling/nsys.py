@@ -63,6 +63,35 @@ def _export_version(export: Path) -> str | None:
     return None
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+AGAIN = "export the .nsys-rep again (nsys export --type sqlite REPORT) or record the run again"
+
+
+def export_problem(export: Path) -> str | None:
+    """What is wrong with a file given as an nsys SQLite export, as the start of a one-line error
+    naming it: empty, not SQLite at all, or shorter than its header says (cut off while written or
+    copied). None when it looks whole; the tables are read later (trace.load_trace)."""
+    try:
+        size = export.stat().st_size
+        with open(export, "rb") as f:
+            head = f.read(100)
+    except OSError as err:
+        return f"{export} cannot be read ({err.strerror}); check its permissions"
+    if size == 0:
+        return f"{export} is empty (0 bytes): its export or copy stopped before writing; {AGAIN}"
+    if not head.startswith(SQLITE_HEADER):
+        return (f"{export} is not SQLite (not an nsys SQLite export at all); pass the .nsys-rep, or the .sqlite "
+                "that nsys export wrote from it")
+    # The header's page count is valid when its version-valid-for number matches the change counter.
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(head[28:32], "big") if head[92:96] == head[24:28] else 0
+    if len(head) < 100 or size < page * pages:
+        return (f"{export} is truncated ({size} of the {page * pages} bytes its SQLite header says): it was cut "
+                f"off while written or copied; {AGAIN}")
+    return None
+
+
 def release(version: str | None) -> tuple[int, ...]:
     """(2025, 5, 1) from '2025.5.1' or '2022.4.2.1-df9881f'; () when unreadable."""
     found = re.match(r"(\d{4})\.(\d+)(?:\.(\d+))?", version or "")
@@ -97,6 +126,8 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
                         "or pass the path of an .nsys-rep file")
     if report.suffix == ".sqlite":
         return report
+    if report.stat().st_size == 0 and report.suffix in REPORT_SUFFIXES:
+        raise UserError(f"{report} is empty (0 bytes): nsys stopped before writing it; record the run again")
     if report.suffix not in REPORT_SUFFIXES:
         raise UserError(f"{report} is not an Nsight Systems report; pass the .nsys-rep "
                         "written by nsys profile (or its .sqlite export)")
@@ -107,9 +138,13 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     # Export under a temporary name so an interrupted export is never reused as fresh.
     partial = out_dir / f"{report.stem}.partial.sqlite"
-    result = subprocess.run(
-        [nsys_executable(), "export", "--type=sqlite", "--force-overwrite=true", "--quiet=true",
-         f"--output={partial}", str(report)], capture_output=True, text=True)
+    try:
+        result = subprocess.run(
+            [nsys_executable(), "export", "--type=sqlite", "--force-overwrite=true", "--quiet=true",
+             f"--output={partial}", str(report)], capture_output=True, text=True)
+    except BaseException:  # Ctrl-C or a failed start: no half-written export stays behind
+        partial.unlink(missing_ok=True)
+        raise
     if result.returncode != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
         lines = (result.stderr + result.stdout).strip().splitlines()

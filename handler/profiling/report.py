@@ -16,12 +16,14 @@ import os
 from pathlib import Path
 
 from handler.runtime.errors import UserError, one_line_errors
+from handler.runtime.names import EPOCH
 
-from .analysis import summarize
+from .analysis import incomplete, summarize
 from .merge import markdown_lines as merge_lines
 from .merge import merge
 from .conventions import from_mapping
-from .lab.page import is_kit_layout, lab_reports, write_lab
+from .lab.cells import is_kit_layout, lab_reports
+from .lab.page import build_lab, say_left_off
 from .nsys import REPORT_SUFFIXES, nsys_version, open_with, recorded_version, sqlite_export
 from .render import markdown, one_line
 from .trace import load_trace
@@ -95,7 +97,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     convention = from_mapping(args.ranges) if args.ranges else None
     if args.lab or any(is_kit_layout(p) for p in args.report):
-        print(write_lab(lab_reports(args.report), args.out or _folder(args.report[0]), convention), flush=True)
+        entries, out = lab_reports(args.report), args.out or _folder(args.report[0])
+        page, left_off = build_lab(entries, out, convention)
+        print(page, flush=True)
+        say_left_off(left_off, len(entries), out)  # after the page, so that a terminal ends on them
         return
     reports = reports_of(args.report)
     out_dir = args.out or reports[0].parent
@@ -110,15 +115,20 @@ def main(argv=None) -> None:
                    "one_line": one_line(analysis), **analysis}
     else:
         analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
+        analysis["incomplete"] = incomplete(analysis["ranks"])
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
         name = job_name(reports)
         title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)
         summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),
                    "one_line": one_line(analysis), **analysis}
+    if summary["incomplete"]:
+        summary["one_line"] += (f"; cut short inside {EPOCH(summary['incomplete']['epoch'])} "
+                                f"(complete epochs counted: {summary['incomplete']['complete_epochs']})")
     page = markdown(summary, title) + ("\n" + "\n".join(extra) if extra else "")
-    if summary.get("open_with"):
+    for note in ([f"Recorded by nsys {summary['recorded_by_nsys']}; {summary['open_with']}."] if summary.get("open_with")
+                 else []) + ([f"Cut short: {summary['incomplete']['line']}."] if summary["incomplete"] else []):
         head, _, rest = page.partition("\n\n")
-        page = f"{head}\n\nRecorded by nsys {summary['recorded_by_nsys']}; {summary['open_with']}.\n\n{rest}"
+        page = f"{head}\n\n{note}\n\n{rest}"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.summary.md").write_text(page)
     (out_dir / f"{name}.summary.json").write_text(json.dumps(summary, indent=2))

@@ -4,10 +4,14 @@ Only the documented export tables are read (NVTX_EVENTS, StringIds, CUPTI_ACTIVI
 GPU_METRICS, ThreadNames, TARGET_INFO_CUDA_DEVICE); tables and columns an older export lacks
 are skipped, never guessed. Every query orders by start: nsys 2025.6 stopped writing rows in
 time order. A process is identified by the pid packed into nsys' serialized global ids.
+
+A run killed inside an epoch (OOM, an NCCL abort) leaves that epoch's range open: nsys writes it
+with no end, or (2022.4, seen in its exports) closes it at the capture's end, ANALYSIS_DETAILS'
+`duration`. Such a process keeps the epochs before it and is marked `cut_short` (_cut_short).
 """
 import sqlite3
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from handler.runtime.errors import UserError
@@ -17,6 +21,7 @@ from .columns import GpuColumns, load_gpu
 from .conventions import OURS, Convention, detect
 from .devices import Copies, load_copies, load_peaks
 from .gpu_metrics import MetricSample, load_metric_samples
+from .nsys import AGAIN, export_problem
 
 @dataclass(frozen=True)
 class Range:
@@ -25,10 +30,20 @@ class Range:
     end: int
     tid: int = 0  # serialized global thread id of the thread that opened it
     domain: str | None = None  # the name of its NVTX domain (DALI, NCCL, ...); None: the default or an unnamed one
+    closed: bool = True  # False: nsys recorded no end (the process died inside it); end is then start
 
     @property
     def seconds(self) -> float:
         return (self.end - self.start) / 1e9
+
+
+@dataclass(frozen=True)
+class CutShort:
+    """Where a rank's run ended: inside `epoch`, its first epoch range left open."""
+    epoch: int
+    range: str  # that range's name as the report has it
+    complete_epochs: int  # the epochs before it, which still count
+    dropped_steps: int  # the steps of the open epoch, left out with it
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,7 @@ class Process:
     rank: int
     ranges: tuple[Range, ...]
     host: str | None = None  # from its 'host NAME' mark; None in profiles without one
+    cut_short: CutShort | None = None  # the run ended inside a range (its ranges from there on are left out)
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,8 @@ def _pid(global_id: int) -> int:
 
 def load_trace(path: Path, convention: Convention | None = None) -> Trace:
     """convention: how the ranges are named; None: detected (conventions.detect)."""
+    if problem := export_problem(path):
+        raise UserError(problem)
     try:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -66,16 +84,18 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
                 raise UserError(f"{path} has no NVTX ranges; profile with --trace including nvtx "
                                 "(scripts/launch.sh does) and let the run reach its training loop")
             events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
+            capture_end = _capture_end(db, tables)
             gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
             metrics = load_metric_samples(db, tables) or None
             names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
             copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
     except sqlite3.DatabaseError as err:
-        raise UserError(f"{path} is not an nsys SQLite export ({err}); pass the .nsys-rep instead")
+        raise UserError(f"{path} is truncated or damaged, not a readable nsys SQLite export (SQLite: {err}); "
+                        f"{AGAIN}") from None
     processes, source = (), ""
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
         processes, source = _processes(events)
-        convention = OURS if processes else detect(text for _, _, text, _, _ in events if text)
+        convention = OURS if processes else detect(e[2] for e in events if e[2])
     if convention is not OURS:
         processes, source = _other_processes(events, convention, gpu)
     elif not processes:
@@ -84,6 +104,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         raise UserError(f"{path} has no 'epoch N' NVTX ranges or 'rank N' marks, nor epochs or steps named as "
                         "the lab kit ('Epoch N' > 'Batch N') or torch.profiler ('ProfilerStep#N') name them; "
                         "name yours with --ranges epoch='Epoch *' step='Batch *' (docs/PROFILING.md)")
+    processes = tuple(_cut_short(p, capture_end) for p in processes)
     return Trace(processes, source, gpu, metrics, names, devices, (convention or OURS).name, copies, peaks)
 
 
@@ -92,6 +113,8 @@ def columns(db, table: str) -> set[str]:
 
 
 NVTX_DOMAIN_CREATE = 75  # ENUM_NSYS_EVENT_TYPE: NvtxDomainCreate, its text the domain's name
+# ENUM_NSYS_EVENT_TYPE's ranges: NvtxPushRange, NvtxStartRange, NvtxPushPopRange, NvtxStartEndRange
+NVTX_RANGES = (35, 37, 59, 60)
 
 
 def _nvtx_query(db, tables) -> str:
@@ -107,18 +130,53 @@ def _nvtx_query(db, tables) -> str:
 
 
 def _named_domains(rows) -> list[tuple]:
-    """(start, end, text, globalTid, domain name or None) per event: a domain is named by its
-    NvtxDomainCreate event in the same process; the default domain (0) and unnamed ones get None."""
+    """(start, end, text, globalTid, domain name or None, closed) per event: a domain is named by its
+    NvtxDomainCreate event in the same process; the default domain (0) and unnamed ones get None.
+    A range that nsys wrote without a valid end is not closed; its end is its start."""
     names = {(_pid(tid), domain): text for _, _, text, tid, kind, domain in rows
              if kind == NVTX_DOMAIN_CREATE and domain and text}
-    return [(start, end, text, tid, names.get((_pid(tid), domain)) if domain else None)
-            for start, end, text, tid, _, domain in rows]
+    out = []
+    for start, end, text, tid, kind, domain in rows:
+        closed = kind not in NVTX_RANGES or (end is not None and end >= start)
+        out.append((start, end if closed else start, text, tid, names.get((_pid(tid), domain)) if domain else None,
+                    closed))
+    return out
+
+
+def _capture_end(db, tables) -> int | None:
+    """The capture's end on the events' clock (ANALYSIS_DETAILS.duration); None where not exported."""
+    if "ANALYSIS_DETAILS" not in tables or "duration" not in columns(db, "ANALYSIS_DETAILS"):
+        return None
+    row = db.execute("SELECT MAX(duration) FROM ANALYSIS_DETAILS").fetchone()
+    return row[0] if row and isinstance(row[0], int) else None
+
+
+def _cut_short(process: Process, capture_end: int | None) -> Process:
+    """The process with the ranges from its first open epoch on left out, and where it ended.
+    An epoch is open when it has no end or ends exactly at the capture's end, where nsys puts
+    the end it never saw (a finished loop closes its epochs before it exits). Another range
+    without an end (a library's thread stopped at exit, say) is left out alone: it cannot be
+    timed, and the epochs around it are whole."""
+    def open_epoch(r: Range) -> bool:
+        return bool(EPOCH.match(r.name)) and (not r.closed or r.end == capture_end)
+
+    epochs = sorted((r for r in process.ranges if open_epoch(r)), key=lambda r: r.start)
+    if not epochs:
+        closed = tuple(r for r in process.ranges if r.closed)
+        return process if len(closed) == len(process.ranges) else replace(process, ranges=closed)
+    first = epochs[0]
+    kept = tuple(r for r in process.ranges if r.closed and r.start < first.start)
+    found = EPOCH.match(first.name)
+    assert found, "epochs holds only epoch ranges"
+    steps = sum(1 for r in process.ranges if BATCH.match(r.name)) - sum(1 for r in kept if BATCH.match(r.name))
+    return replace(process, ranges=kept, cut_short=CutShort(
+        int(found.group(1)), first.name, sum(1 for r in kept if EPOCH.match(r.name)), steps))
 
 
 def _processes(events) -> tuple[tuple[Process, ...], str]:
     """Group ranges by process; ranks come from 'rank N' marks, else from pid order."""
     ranges, marks, hosts = {}, {}, {}
-    for start, end, text, tid, domain in events:
+    for start, end, text, tid, domain, closed in events:
         pid = _pid(tid)
         if end is None:  # a mark
             found = RANK.match(text or "")
@@ -128,7 +186,7 @@ def _processes(events) -> tuple[tuple[Process, ...], str]:
             if found:
                 hosts[pid] = found.group(1)
         elif text:
-            ranges.setdefault(pid, []).append(Range(text, start, end, tid, domain))
+            ranges.setdefault(pid, []).append(Range(text, start, end, tid, domain, closed))
     trainers = set(marks) | {pid for pid, rs in ranges.items() if any(EPOCH.match(r.name) for r in rs)}
     by_mark = all(pid in marks for pid in trainers) and len(set(marks.values())) == len(marks)
     rank_of = marks if by_mark else {pid: r for r, pid in enumerate(sorted(trainers))}
@@ -144,16 +202,16 @@ def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[
     if convention is None:
         return (), ""
     ranges, marks = {}, {}
-    for start, end, text, tid, domain in events:
+    for start, end, text, tid, domain, closed in events:
         pid = _pid(tid)
         if end is None:
             if found := RANK.match(text or ""):
                 marks[pid] = int(found.group(1))
         elif text:
-            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or text, start, end, tid, domain))
+            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or text, start, end, tid, domain, closed))
     if convention.epoch is None:  # steps only: each process's steps are epoch 0
         for own in ranges.values():
-            steps = [r for r in own if BATCH.match(r.name)]
+            steps = [r for r in own if BATCH.match(r.name) and r.closed]
             if steps:
                 own.append(Range(EPOCH(0), min(r.start for r in steps), max(r.end for r in steps), steps[0].tid))
                 own.sort(key=lambda r: r.start)

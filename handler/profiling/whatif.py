@@ -18,6 +18,8 @@ from bench.comm_model import exchange_s, line_time, ring_messages, ring_share, s
 from handler.runtime.errors import UserError, one_line_errors
 from handler.runtime.names import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER
 
+from .lab.summary_check import check_summary
+
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
 POWER = 4.0  # how the CPU's and the wire's bounds add: every quiet bench.comm fit chose 4 (docs/COMM.md)
 BETA = 1.0  # link efficiency: the shaped link carried 99 % of its rate (bench.comm, docs/COMM.md)
@@ -203,13 +205,19 @@ def lab_section(rows: list[dict]) -> list[str]:
         mine = [r for r in rows if r["mode"] == mode]
         base = min(mine, key=lambda r: r["gpus"])
         summary = {"ranks": base["ranks"], "gpus": base["gpu_table"], "epoch_s": base["epoch_s"]}
+        measured = {r["gpus"]: r["epoch_s"] for r in mine if r["epoch_s"]}
         try:
             found = predictions(summary, one_process=mode == "dp", grad_mb=gradient_mb(base.get("model")))
+            table = markdown(found, f"the {mode} report", measured)
         except UserError as err:
-            lines += [f"- **{mode}**: no prediction: {err}.", ""]
+            cut = base.get("incomplete")  # a run cut short before its first epoch ended says so, not "no steps"
+            lines += [f"- **{mode}**: no prediction: {cut['line'] if cut and not cut['complete_epochs'] else err}.", ""]
             continue
-        measured = {r["gpus"]: r["epoch_s"] for r in mine if r["epoch_s"]}
-        lines += [f"### {mode}", "", *markdown(found, f"the {mode} report", measured), ""]
+        except Exception as err:  # a row the model cannot take costs its own line, never the page
+            lines += [f"- **{mode}**: no prediction: the what-if model failed on this report "
+                      f"({type(err).__name__}: {err}); the rest of the page stands.", ""]
+            continue
+        lines += [f"### {mode}", "", *table, ""]
     return lines
 
 
@@ -242,10 +250,12 @@ def load_summary(path: Path) -> dict:
     except (OSError, ValueError) as err:
         raise UserError(f"{path} is not JSON ({err}); pass a .summary.json written by "
                         "python -m handler.profiling.report") from None
-    if not isinstance(data, dict) or not isinstance(data.get("ranks"), list) or "overall" not in data:
-        raise UserError(f"{path} is not a profile summary (no ranks and overall); pass a .summary.json written by "
-                        "python -m handler.profiling.report")
-    return data
+    summary = check_summary(data, str(path))
+    cut = summary.get("incomplete")
+    if cut and not cut["complete_epochs"]:
+        raise UserError(f"{path}: {cut.get('line') or 'the run ended before its first epoch did'}: nothing to predict "
+                        "from; profile a run that finishes at least one epoch")
+    return summary
 
 
 def main(argv=None) -> int:
@@ -258,8 +268,9 @@ def main(argv=None) -> int:
                    help=f"MB of gradients all-reduced per step (default {RESNET18_GRAD_MB}: ResNet-18 in fp32)")
     args = p.parse_args(argv)
     counts, link = parse_counts(args.gpus), parse_link(args.link) if args.link else None
-    if not args.grad_mb > 0:
-        raise UserError(f"--grad-mb {args.grad_mb:g} is not a size; give the gradients' MB, e.g. --grad-mb 44.7")
+    if not (args.grad_mb > 0 and math.isfinite(args.grad_mb)):
+        raise UserError(f"--grad-mb {args.grad_mb:g} is not a size (a finite number of MB > 0); give the "
+                        "gradients' MB, e.g. --grad-mb 44.7")
     summary = load_summary(args.summary)
     found = predictions(summary, counts, link, args.grad_mb, is_one_process(summary))
     print("\n".join([*markdown(found, args.summary.name), "", ASSUMPTIONS]))

@@ -4,28 +4,26 @@
     python -m handler.profiling.report dp_1gpu.nsys-rep ddp_2gpu.nsys-rep --lab --out lab/
 
 Writes OUT/lab.md, OUT/lab.json and one figure per report (figures.py). A report's cell (mode and
-count) comes from the kit's layout (<mode>_<time>/gpu_<N>) where it is in one, else from the run's
-metrics JSON beside it, else from its name; where the name holds no count, from the GPUs that ran
-kernels (or the ranks, on CPU). Beside the cell the page says what ran, read from the report: "2 GPUs",
-"2 CPU processes". No two reports share a cell, a figure or an export. Each report gets a verdict
-line with its bound, see `verdict`.
+count) comes from cells.py; where it holds no count, from the GPUs that ran kernels (or the ranks,
+on CPU). Beside the cell the page says what ran, read from the report: "2 GPUs", "2 CPU processes".
+No two reports share a cell, a figure or an export. Each report gets a verdict line with its bound,
+see `verdict`. A report that cannot be read is left off and named (build_lab).
 """
+import contextlib
 import json
 import re
+import sys
 from pathlib import Path
 
 from handler.runtime.errors import UserError
+from handler.runtime.names import EPOCH
 
 from ..analysis import summarize
 from .figures import draw
-from ..nsys import REPORT_SUFFIXES, sqlite_export
-from ..trace import load_trace
+from ..nsys import sqlite_export
+from ..trace import Trace, load_trace
 from ..whatif import lab_section
 
-KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
-KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
-FLAT_NAME = re.compile(r"(?P<mode>ddp_dali|ddp|dp|fsdp|pp)\b|(?P<mode2>ddp_dali|ddp|dp|fsdp|pp)_", re.I)
-GPUS_IN_NAME = re.compile(r"(?:gpu_?(?P<a>\d+)|(?P<b>\d+)_?gpus?)", re.I)
 LOADER_BOUND = 0.5  # a step that waits for data this much of its time is loader-bound
 GPU_BOUND = 0.8  # a GPU busy this share of the step range leaves the host little to gain
 BOUND_RULE = ("The bound is what remains of one epoch when a loader that keeps up removes the wait between steps: "
@@ -35,57 +33,6 @@ BOUND_RULE = ("The bound is what remains of one epoch when a loader that keeps u
               "GPU-bound when the busiest GPU works 80 % or more of the step range, host-bound when it idles more "
               "inside it (a loop that waits for its GPU, by loss.item() say, holds the GPU's work inside the step "
               "range, so the range alone cannot tell the host's work from the wait).")
-
-
-def _reports_in(folder: Path) -> list[Path]:
-    found = sorted(p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES)
-    return found or sorted(folder.glob("*.sqlite"))
-
-
-def is_kit_layout(path: Path) -> bool:
-    """A folder of <mode>_<time>/ folders holding gpu_<N> reports."""
-    return path.is_dir() and any(sub.is_dir() and KIT_FOLDER.match(sub.name) and _reports_in(sub)
-                                 for sub in path.iterdir())
-
-
-def lab_reports(paths: list[Path]) -> list[dict]:
-    """[{"report", "mode", "gpus"}] for the reports named, the kit's folders opened."""
-    reports = []
-    for path in paths:
-        if is_kit_layout(path):
-            reports += [r for sub in sorted(s for s in path.iterdir() if s.is_dir() and KIT_FOLDER.match(s.name))
-                        for r in _reports_in(sub)]
-        else:
-            reports += _reports_in(path) if path.is_dir() else [path]
-    if not reports:
-        raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; pass the kit's "
-                        "nsight_logs folder or the reports themselves")
-    return [_cell_of(report) for report in reports]
-
-
-def _cell_of(report: Path) -> dict:
-    """The kit's layout names the cell (the run asked for gpu_<N>, whatever ran); elsewhere the
-    run's metrics JSON, then the file name."""
-    folder, count = KIT_FOLDER.match(report.parent.name), KIT_FILE.fullmatch(report.stem)
-    if folder and count:
-        return {"report": report, "mode": folder.group("mode"), "gpus": int(count.group("gpus")),
-                "model": _from_metrics(report).get("model")}
-    mode = FLAT_NAME.search(report.stem)
-    count = GPUS_IN_NAME.search(report.stem)
-    return {"report": report, "mode": (mode.group("mode") or mode.group("mode2")).lower() if mode else report.stem,
-            "gpus": int(count.group("a") or count.group("b")) if count else None, **_from_metrics(report)}
-
-
-def _from_metrics(report: Path) -> dict:
-    """{"mode", "gpus", "model"} from the run's metrics JSON beside the report (`<name>.metrics.json`,
-    scripts/launch.sh writes it there), which knows them exactly; {} without a readable one."""
-    path = report.with_name(report.name.split(".")[0] + ".metrics.json")
-    try:
-        config = json.loads(path.read_text()).get("config") or {}
-    except (OSError, ValueError, AttributeError):
-        return {}
-    found = {"mode": config.get("mode"), "gpus": config.get("num_gpu"), "model": config.get("model")}
-    return {k: v for k, v in found.items() if v}
 
 
 def verdict(summary: dict) -> dict:
@@ -131,8 +78,9 @@ def _share(part: float, whole: float) -> str:
 
 def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | None:
     """The lab page of a comparison (handler.compare): (label, process count, report) per profiled
-    cell that finished; the report's .sqlite export stands in where only it is left. A cell
-    whose report cannot be read leaves the page unwritten, and says why in one line."""
+    cell that finished; the report's .sqlite export stands in where only it is left. A cell whose
+    report cannot be read is left off the page and named on it; with none readable the page is
+    not written, and one line says why."""
     entries = []
     for label, count, report in cells:
         found = report if report.is_file() else report.with_suffix(".sqlite")
@@ -149,41 +97,87 @@ def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | Non
 
 
 def write_lab(entries: list[dict], out: Path, convention=None) -> str:
-    """Writes out/lab.md, out/lab.json and the figures; returns the page."""
+    """Writes out/lab.md, out/lab.json and the figures; returns the page. A report that cannot
+    be read is left off: the page's "Reports left off" and lab.json's `left_off` name it and why,
+    and so does one loud line each on stderr (say_left_off). UserError (no page) when none can be read."""
+    page, left_off = build_lab(entries, out, convention)
+    say_left_off(left_off, len(entries), out)
+    return page
+
+
+def say_left_off(left_off: list[dict], total: int, out: Path) -> None:
+    """One line on stderr per report left off the page, and how many; nothing when none was."""
+    for bad in left_off:
+        print(f"lab page: LEFT OFF: {bad['why']}", file=sys.stderr, flush=True)
+    if left_off:
+        print(f"lab page: {len(left_off)} of {total} reports left off (listed under 'Reports left off' in "
+              f"{out / 'lab.md'}); the page covers the other {total - len(left_off)}", file=sys.stderr, flush=True)
+
+
+def build_lab(entries: list[dict], out: Path, convention=None) -> tuple[str, list[dict]]:
+    """write_lab's work, saying nothing: the page and the reports left off ({"report", "why"})."""
     out.mkdir(parents=True, exist_ok=True)
-    rows, exports = [], _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
-    for entry, export in zip(entries, exports):
-        trace = load_trace(sqlite_export(entry["report"], out / "exports" / export), convention)
-        summary = summarize(trace)
-        ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
-        gpus = entry["gpus"] or ran_gpus or processes
-        unit = "GPU" if ran_gpus else "CPU process"
-        row = {"report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"), "gpus": gpus, "unit": unit,
-               "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
-               "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
-               "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
-                          "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"],
-                          "comm": r["comm"]}
-                         for r in summary["ranks"]],
-               "gpu_table": summary["gpus"], "verdict": verdict(summary)}
-        # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
-        report = entry["report"]
-        row["figure"] = draw(trace, out / f".{export}.png",
-                             f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}")
-        rows.append(row)
-    _apart(rows)
+    rows, left_off, exports = [], [], _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
+    try:
+        for entry, export in zip(entries, exports):
+            try:
+                row, trace = _row(entry, out / "exports" / export, convention)
+            except UserError as err:
+                left_off.append({"report": str(entry["report"]), "why": str(err)})
+                _remove_empty(out / "exports" / export, out / "exports")
+                continue
+            # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
+            report = entry["report"]
+            row["figure"] = draw(trace, out / f".{export}.png",
+                                 f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}")
+            rows.append(row)
+        if not rows:
+            raise UserError(f"no lab page: none of the {len(entries)} reports can be read: "
+                            + "; ".join(b["why"] for b in left_off))
+        _apart(rows)
+        for row in rows:
+            figure = out / f"{row['name']}.png"
+            Path(row["figure"]["file"]).replace(figure)
+            row["figure"]["file"] = str(figure)
+    finally:  # a figure not yet named is never left behind, whatever stopped the page
+        for export in exports:
+            (out / f".{export}.png").unlink(missing_ok=True)
     for row in rows:
-        figure = out / f"{row['name']}.png"
-        Path(row["figure"]["file"]).replace(figure)
-        row["figure"]["file"] = str(figure)
         base = min((r for r in rows if r["mode"] == row["mode"] and r["epoch_s"]), key=lambda r: r["gpus"], default=None)
         row["speedup"] = base["epoch_s"] / row["epoch_s"] if base and row["epoch_s"] else None
         row["speedup_over_gpus"] = base["gpus"] if base else None
     rows.sort(key=lambda r: (r["mode"], r["gpus"]))
-    (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": rows}, indent=2))
-    page = "\n".join(_page(rows) + lab_section(rows))
+    (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": rows,
+                                              "left_off": left_off}, indent=2))
+    page = "\n".join(_page(rows, left_off) + lab_section(rows))
     (out / "lab.md").write_text(page)
-    return page
+    return page, left_off
+
+
+def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
+    """One report's row of the page, and its trace for the figure. UserError when it cannot be read."""
+    trace = load_trace(sqlite_export(entry["report"], exports), convention)
+    summary = summarize(trace)
+    ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
+    gpus = entry["gpus"] or ran_gpus or processes
+    unit = "GPU" if ran_gpus else "CPU process"
+    row = {"report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"), "gpus": gpus, "unit": unit,
+           "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
+           "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
+           "incomplete": summary["incomplete"],
+           "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
+                      "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"],
+                      "comm": r["comm"]}
+                     for r in summary["ranks"]],
+           "gpu_table": summary["gpus"], "verdict": verdict(summary)}
+    return row, trace
+
+
+def _remove_empty(*folders: Path) -> None:
+    """The export folders a report that could not be read left empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _ran(processes: int, gpus: int) -> str:
@@ -241,23 +235,36 @@ def _column(rows: list[dict], count: int) -> str:
     return _count(count, units.pop()) if len(units) == 1 else f"{_count(count, 'GPU')} or {_count(count, 'CPU process')}"
 
 
-def _page(rows: list[dict]) -> list[str]:
+def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
     modes, counts = sorted({r["mode"] for r in rows}), sorted({r["gpus"] for r in rows})
     cell = {(r["mode"], r["gpus"]): r for r in rows}
-    lines = ["# Lab profiles", "", "## Epoch time and speed-up", "",
+    lines = ["# Lab profiles", ""]
+    if left_off:
+        lines += ["## Reports left off", "", f"{len(left_off)} of {len(left_off) + len(rows)} reports could not be read "
+                  "and are not on this page:", "", *(f"- {bad['why']}" for bad in left_off), ""]
+    lines += ["## Epoch time and speed-up", "",
              "Epoch time in s (speed-up over the same mode on its fewest GPUs or processes); where a run did not "
              "use what its cell asked for, what ran is beside it.", "",
              "| mode | " + " | ".join(_column(rows, n) for n in counts) + " |", "|---" * (len(counts) + 1) + "|"]
     for mode in modes:
         lines.append(f"| {mode} | " + " | ".join(
-            f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x)" + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
+            (f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x)" if c["epoch_s"] is not None else "no complete epoch")
+            + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
+            + _cut_note(c)
             if (c := cell.get((mode, n))) else "" for n in counts) + " |")
     lines += ["", "## Verdicts", "", BOUND_RULE, ""]
-    lines += [f"- **{r['mode']}, {_label(r)}**: {r['verdict']['line']}." for r in rows]
+    lines += [f"- **{r['mode']}, {_label(r)}**: " + (f"cut short: {r['incomplete']['line']}; " if r.get("incomplete") else "")
+              + f"{r['verdict']['line']}." for r in rows]
     lines += _gpu_tables(rows)
     lines += ["", "## Figures", "", "| " + " | ".join(r["name"] for r in rows) + " |", "|---" * len(rows) + "|",
               "| " + " | ".join(f"![{r['name']}]({Path(r['figure']['file']).name})" for r in rows) + " |", ""]
     return lines
+
+
+def _cut_note(row: dict) -> str:
+    """", cut short in epoch 3" beside the epoch time of a run that ended inside an epoch."""
+    cut = row.get("incomplete")
+    return f", cut short in {EPOCH(cut['epoch'])}" if cut else ""
 
 
 def _gpu_tables(rows: list[dict]) -> list[str]:

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from handler.profiling.analysis import summarize
-from handler.profiling.lab.page import lab_reports, verdict, write_lab
+from handler.profiling.lab.cells import lab_reports
+from handler.profiling.lab.page import verdict, write_lab
 from handler.profiling.render import markdown
 from handler.profiling.trace import load_trace
 from tests.nsys_helpers import REAL_EXPORTS

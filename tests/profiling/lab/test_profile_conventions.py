@@ -151,7 +151,7 @@ def test_the_lab_page_over_a_kit_layout_folder_of_three_modes_and_two_counts(tmp
     (flat / "ddp_gpu2.sqlite").write_bytes(path.read_bytes())
     (flat / "run7.sqlite").write_bytes(path.read_bytes())
     (flat / "run7.metrics.json").write_text(json.dumps({"config": {"mode": "ddp_dali", "num_gpu": 4}}))
-    from handler.profiling.lab.page import lab_reports
+    from handler.profiling.lab.cells import lab_reports
     assert [(e["mode"], e["gpus"]) for e in lab_reports([flat])] == [("ddp", 2), ("ddp_dali", 4)]
     result = run_report(logs, "--out", tmp_path / "lab")
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,69 @@
+"""Which cell of the lab page (mode and count) each report belongs to (docs/PROFILING.md, "The lab page").
+
+The kit's layout (<mode>_<time>/gpu_<N>) names the cell where a report is in one; elsewhere the
+run's metrics JSON beside the report, then the file name. page.py fills in a missing count from
+what ran.
+"""
+import json
+import re
+from pathlib import Path
+
+from handler.runtime.errors import UserError
+
+from ..nsys import REPORT_SUFFIXES
+
+KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
+KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
+FLAT_NAME = re.compile(r"(?P<mode>ddp_dali|ddp|dp|fsdp|pp)\b|(?P<mode2>ddp_dali|ddp|dp|fsdp|pp)_", re.I)
+GPUS_IN_NAME = re.compile(r"(?:gpu_?(?P<a>\d+)|(?P<b>\d+)_?gpus?)", re.I)
+
+
+def _reports_in(folder: Path) -> list[Path]:
+    found = sorted(p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES)
+    return found or sorted(folder.glob("*.sqlite"))
+
+
+def is_kit_layout(path: Path) -> bool:
+    """A folder of <mode>_<time>/ folders holding gpu_<N> reports."""
+    return path.is_dir() and any(sub.is_dir() and KIT_FOLDER.match(sub.name) and _reports_in(sub)
+                                 for sub in path.iterdir())
+
+
+def lab_reports(paths: list[Path]) -> list[dict]:
+    """[{"report", "mode", "gpus"}] for the reports named, the kit's folders opened."""
+    reports = []
+    for path in paths:
+        if is_kit_layout(path):
+            reports += [r for sub in sorted(s for s in path.iterdir() if s.is_dir() and KIT_FOLDER.match(s.name))
+                        for r in _reports_in(sub)]
+        else:
+            reports += _reports_in(path) if path.is_dir() else [path]
+    if not reports:
+        raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; pass the kit's "
+                        "nsight_logs folder or the reports themselves")
+    return [_cell_of(report) for report in reports]
+
+
+def _cell_of(report: Path) -> dict:
+    """The kit's layout names the cell (the run asked for gpu_<N>, whatever ran); elsewhere the
+    run's metrics JSON, then the file name."""
+    folder, count = KIT_FOLDER.match(report.parent.name), KIT_FILE.fullmatch(report.stem)
+    if folder and count:
+        return {"report": report, "mode": folder.group("mode"), "gpus": int(count.group("gpus")),
+                "model": _from_metrics(report).get("model")}
+    mode = FLAT_NAME.search(report.stem)
+    count = GPUS_IN_NAME.search(report.stem)
+    return {"report": report, "mode": (mode.group("mode") or mode.group("mode2")).lower() if mode else report.stem,
+            "gpus": int(count.group("a") or count.group("b")) if count else None, **_from_metrics(report)}
+
+
+def _from_metrics(report: Path) -> dict:
+    """{"mode", "gpus", "model"} from the run's metrics JSON beside the report (`<name>.metrics.json`,
+    scripts/launch.sh writes it there), which knows them exactly; {} without a readable one."""
+    path = report.with_name(report.name.split(".")[0] + ".metrics.json")
+    try:
+        config = json.loads(path.read_text()).get("config") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    found = {"mode": config.get("mode"), "gpus": config.get("num_gpu"), "model": config.get("model")}
+    return {k: v for k, v in found.items() if v}
