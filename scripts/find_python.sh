@@ -57,6 +57,12 @@ choose_run_python() {
     fi
     # First use creates .venv. An existing .venv keeps its builds: a driver they do not fit
     # stops later in one line naming the fix (handler/runtime/devices.py).
-    SETUP_KEEP_BUILD=1 bash "$ROOT/scripts/setup.sh" >&2 || { echo "$who: set-up failed; see the pip output above" >&2; return 2; }
+    # setup.sh's exit 2 is its own one line (a broken driver, no build that fits): nothing to add.
+    local code=0
+    SETUP_KEEP_BUILD=1 bash "$ROOT/scripts/setup.sh" >&2 || code=$?
+    if [ "$code" != 0 ]; then
+        [ "$code" = 2 ] || echo "$who: set-up failed; see the pip output above" >&2
+        return 2
+    fi
     PYTHON="$ROOT/.venv/bin/python"
 }

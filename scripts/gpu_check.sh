@@ -34,7 +34,10 @@ if [[ -z "${PYTHON:-}" ]]; then
         PYTHON="$(sed -n 1p <<<"$found")"
         say "--offline: using $PYTHON (torch $(sed -n 2p <<<"$found")); installing nothing"
     else
-        bash "$ROOT/scripts/setup.sh" requirements-test.txt >&2 || { say "set-up failed; see above (no internet? --offline)"; exit 1; }
+        code=0
+        bash "$ROOT/scripts/setup.sh" requirements-test.txt >&2 || code=$?
+        [ "$code" = 2 ] && exit 2  # setup.sh said why in one line (a broken driver, no build that fits)
+        [ "$code" = 0 ] || { say "set-up failed; see above (no internet? --offline)"; exit 1; }
         PYTHON="$ROOT/.venv/bin/python"
     fi
 fi

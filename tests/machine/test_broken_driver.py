@@ -5,6 +5,7 @@ there is none. One classifier, handler/runtime/cuda_build.py `ask_smi`. No GPU o
 nvidia-smi is a stand-in printing the real messages with their exit codes, and the machine's
 PCI bus a fake sysfs (HARNESS_SYSROOT)."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -121,3 +122,20 @@ def test_no_nvidia_smi_or_an_empty_list_is_no_gpu_and_no_problem(tmp_path):
     failing_smi(tmp_path / "bin", "No devices were found", 0)
     answer = cuda_build.ask_smi(str(tmp_path / "bin" / "nvidia-smi"))
     assert answer.gpus == 0 and answer.problem == ""
+
+
+@pytest.mark.parametrize("script", ["launch.sh", "lab_runs.sh"])
+def test_the_run_flow_without_python_stops_on_setups_one_line(script, tmp_path):
+    # Before: setup.sh's line, then "set-up failed; see the pip output above", though pip never ran.
+    copy = tmp_path / "checkout"
+    shutil.copytree(ROOT / "scripts", copy / "scripts")
+    shutil.copytree(ROOT / "handler", copy / "handler", ignore=shutil.ignore_patterns("__pycache__"))
+    for req in ROOT.glob("requirements*.txt"):
+        shutil.copy(req, copy)
+    env = {k: v for k, v in machine_env(tmp_path, *NO_DRIVER, PROFILE="0", PYTHON_BOOTSTRAP=sys.executable).items()
+           if k not in ("PYTHON", "VIRTUAL_ENV")}
+    proc = subprocess.run(["bash", str(copy / "scripts" / script), *(["ddp"] if script == "lab_runs.sh" else [])], cwd=copy, env=env, capture_output=True,
+                          text=True, timeout=60)
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith("setup: " + said(*NO_DRIVER)) and not (copy / ".venv").exists(), lines
