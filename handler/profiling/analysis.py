@@ -34,6 +34,7 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary["stragglers"] = stragglers(first_comm_per_process(trace))
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     summary["comm_config"] = comm_config(metrics)
+    summary["model"] = ((metrics or {}).get("config") or {}).get("model")  # its gradients' size (whatif.GRAD_MB)
     summary["convention"] = trace.convention
     summary["gpus"] = gpu_table(trace)
     return summary
