@@ -294,6 +294,29 @@ def test_compare_predicts_each_cell_from_its_variants_fewest_processes_into_resu
     page = (tmp_path / "report.md").read_text()
     assert "## Predicted from the fewest processes" in page and "| ddp x2 | ddp x1 |" in page
     assert "Median absolute error" in page
+    # bench.whatif reads the same results.json (what it prints after running the matrix)
+    done = subprocess.run([sys.executable, "-m", "bench.whatif", "--from-results", str(tmp_path / "results.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    error = abs(two["prediction_error"]) * 100
+    assert f"median absolute error {error:.1f} % over 1 cells" in done.stdout
+
+
+def test_compare_takes_a_cpu_variants_compute_at_two_ranks_from_the_other_variants_profiles():
+    """On one CPU box, ddp_dali's profiles measured 2 ranks of 1 thread computing in 670 ms what one rank
+    computed in 965 ms (990 inside the step, less 20 of `data` and 5 of exposed all-reduce): ddp's x2
+    is predicted with that ratio, not with its 1-rank compute held."""
+    fast = summary(step_ms=700.0, inside_ms=690.0, data_ms=20.0, h2d_ms=0.0, forward_ms=266.0, backward_ms=406.0,
+                   steps=30, epochs=3, report="nsight_logs/ddp_dali_20261127_120000/gpu_2.nsys-rep")
+    outcomes = [_outcome("ddp", 1, 10.0, CPU_1RANK), _outcome("ddp", 2, 8.0, CPU_1RANK),
+                _outcome("ddp_dali", 1, 10.0, CPU_1RANK), _outcome("ddp_dali", 2, 7.0, fast)]
+    rows = build_rows(outcomes)
+    add_predictions(rows, outcomes)
+    ddp2 = next(r for r in rows if r.name == "ddp x2")
+    held = by_count(predictions(CPU_1RANK, (1, 2), grad_mb=whatif.GRAD_MB["resnet20"]))
+    measured = by_count(predictions(CPU_1RANK, (1, 2), grad_mb=whatif.GRAD_MB["resnet20"], factors={2: 670 / 965}))
+    assert ddp2.predicted_epoch_s == pytest.approx(10.0 * measured[2]["step_ms"] / measured[1]["step_ms"])
+    assert ddp2.predicted_epoch_s < 10.0 * held[2]["step_ms"] / held[1]["step_ms"]
 
 
 def test_the_lab_page_section_predicts_each_mode_from_its_report_on_the_fewest_gpus():
