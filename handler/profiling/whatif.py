@@ -160,17 +160,17 @@ def _summary_of(row: dict) -> dict:
             "machine": row.get("machine"), "comm_config": row.get("comm_config")}
 
 
-def _mode(mode: str, row: dict) -> str | None:
+def _mode(mode: str, row: dict) -> str:
     """The lab page's modes are the kit's names (or compare's labels, which start with the mode)."""
     name = mode.split()[0].split("+")[0]
-    return "dp" if name == "dp" or row.get("processes", 0) < row.get("gpus_ran", 0) else "pp" if name == "pp" else None
+    return "dp" if name == "dp" or row.get("processes", 0) < row.get("gpus_ran", 0) else "pp" if name == "pp" else "ddp"
 
 
 def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None:
     """The GPU link a report of 2 or more GPUs in the folder measured (one process per GPU)."""
     for r in sorted(rows, key=lambda r: -r["gpus"]):
         split = splits.get(r["mode"], {}).get(r["gpus"])
-        if split is None or not split.gpu or _mode(r["mode"], r) in ("dp", "pp"):
+        if split is None or not split.gpu or _mode(r["mode"], r) != "ddp":
             continue
         summary = summaries[id(r)]
         sent = payload(gradient_mb(r.get("model")), r.get("model"), summary.get("comm_config"), split.buckets)
@@ -182,7 +182,7 @@ def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None
 
 def _factors(mode: str, base: dict, splits: dict) -> dict:
     """A CPU run's compute at other counts, from the other modes of rank-per-process (not dp, not pp)."""
-    if base["gpus_ran"] or _mode(mode, base):
+    if base["gpus_ran"] or _mode(mode, base) != "ddp":
         return {}
     others = {m: by for m, by in splits.items() if m != mode and m.split()[0] not in ("dp", "pp")
               and all(not s.gpu for s in by.values())}

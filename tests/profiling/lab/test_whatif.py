@@ -329,6 +329,24 @@ def test_the_lab_page_section_predicts_each_mode_from_its_report_on_the_fewest_g
     assert two.startswith("| 2 GPUs | 17.95 | ") and "| 17.66 | +2 % |" in two
     assert any(line.startswith("| 1 GPU | 32.62 | ") and "| 32.62 | its report |" in line for line in lines)
     assert any(line.startswith("From the ddp report (1 GPU, 98 steps an epoch)") for line in lines)
+    # no report of 2 or more GPUs here measured a link: assumed, and predicted over both kinds
+    assert any(line.startswith("The link is assumed: the column `through host s` predicts over GPUs talking "
+                               "through host memory (about 8 Gbit/s") for line in lines)
+    assert "| count | predicted epoch s | through host s | measured s |" in "\n".join(lines)
+
+
+def test_the_lab_page_takes_every_modes_gpu_link_from_the_folders_own_two_gpu_report(tmp_path):
+    """The real 2-GPU PyTorch export's NCCL kernels give the link; the 1-GPU report of another mode in
+    the same folder is predicted over it, and the page says where it came from."""
+    from handler.profiling.lab.page import write_lab
+    from tests.nsys_helpers import REAL_EXPORTS, with_training_ranges
+    with_training_ranges(REAL_EXPORTS["2026.2"], tmp_path / "two.sqlite")
+    with_training_ranges(REAL_EXPORTS["2022.2"], tmp_path / "one.sqlite")
+    page = write_lab([{"report": tmp_path / "two.sqlite", "mode": "ddp", "gpus": 2},
+                      {"report": tmp_path / "one.sqlite", "mode": "ddp_dali", "gpus": 1}], tmp_path / "lab")
+    dali = page.split("### ddp_dali", 1)[1]
+    assert "(from the NCCL kernels of ddp, 2 GPUs in this folder)" in dali and "through host s" not in dali
+    assert "128 CPU cores (nsys TARGET_INFO_SYSTEM_ENV CpuCores)" in dali
 
 
 def test_the_lab_page_of_real_exports_carries_the_what_if_section(tmp_path):
