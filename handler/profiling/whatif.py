@@ -173,7 +173,10 @@ def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None
         if split is None or not split.gpu or _mode(r["mode"], r) != "ddp":
             continue
         summary = summaries[id(r)]
-        sent = payload(gradient_mb(r.get("model")), r.get("model"), summary.get("comm_config"), split.buckets)
+        try:
+            sent = payload(gradient_mb(r.get("model")), r.get("model"), summary.get("comm_config"), split.buckets)
+        except UserError:  # its mode's section says why, in its own line
+            continue
         found = measured(split, summary, sent, f"from the NCCL kernels of {r['mode']}, {r['gpus']} GPUs in this folder")
         if found:
             return found

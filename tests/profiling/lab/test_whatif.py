@@ -157,6 +157,21 @@ def test_each_comm_hook_sends_its_own_bytes(hook, mb):
         assert by_count(found)[2]["comm_ms"] == pytest.approx(mb * 8, rel=0.02)
 
 
+def test_a_powersgd_rank_without_its_bytes_tabulated_is_said_in_one_line_not_sent_as_fp32():
+    from handler.profiling.scaling.links import payload
+    from handler.runtime.errors import UserError
+    with pytest.raises(UserError, match=r"PowerSGD rank 3 of model resnet18: its bytes are not in "
+                                        r"handler/profiling/scaling/links.POWERSGD_MB"):
+        payload(44.696, "resnet18", {"hook": "powersgd", "powersgd_rank": 3}, None)
+
+
+def test_bench_whatif_from_results_of_a_missing_file_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bench.whatif", "--from-results", str(tmp_path / "none.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "not a readable results.json" in done.stderr
+
+
 def test_a_report_of_several_ranks_gives_the_link_its_rate_from_its_own_all_reduce():
     found = predictions(summary(ranks=2, comm_s=98 * 0.010, exposed_s=0.0, buckets=3), (2, 4))
     assert found["link"].source == "from this report's communication" and not found["link"].assumed
@@ -256,6 +271,7 @@ def test_whatif_runs_from_a_summary_json_alone_without_importing_torch(tmp_path)
     (["{ok}", "--gpus", "2,x"], "--gpus '2,x' is not a list"),
     (["{ok}", "--link", "10"], "--link '10' is not RATE,LATENCY"),
     (["{ok}", "--link", "0,5"], "--link '0,5' is not RATE,LATENCY"),
+    (["{ok}", "--link", "{ok}"], "that report ran one process or recorded no communication, so it measures no link"),
 ])
 def test_bad_input_gets_one_line_and_exit_2(tmp_path, args, says):
     files = {"{not}": "garbage", "{list}": "[1, 2]", "{ok}": json.dumps(TA_DDP_1GPU)}
