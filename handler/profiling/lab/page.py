@@ -16,10 +16,11 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError
 
-from ..analysis import comm_config, summarize
+from ..analysis import summarize
 from .figures import draw
 from ..nsys import REPORT_SUFFIXES, sqlite_export
 from ..trace import load_trace
+from ..scaling.links import hook_of
 from ..scaling.machine import machine_of
 from ..scaling.step import bound_of, own_terms, split_of, step_of
 from ..whatif import lab_section
@@ -154,7 +155,8 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
     out.mkdir(parents=True, exist_ok=True)
     rows, exports = [], _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
     for entry, export in zip(entries, exports):
-        sqlite = sqlite_export(entry["report"], out / "exports" / export)
+        sqlite, metrics = sqlite_export(entry["report"], out / "exports" / export), entry.get("metrics")
+        metrics = metrics or metrics_beside(entry["report"])
         trace = load_trace(sqlite, convention)
         summary = summarize(trace)
         ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
@@ -168,8 +170,7 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
                           "comm": r["comm"], "pipeline": r["pipeline"]}
                          for r in summary["ranks"]],
                "gpu_table": summary["gpus"], "verdict": verdict(summary),
-               "machine": machine_of(sqlite, summary["ranks"], entry.get("metrics") or metrics_beside(entry["report"])),
-               "comm_config": comm_config(entry.get("metrics") or metrics_beside(entry["report"]))}
+               "machine": machine_of(sqlite, summary["ranks"], metrics), "comm_config": hook_of(metrics)}
         # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
         report = entry["report"]
         row["figure"] = draw(trace, out / f".{export}.png",

@@ -66,6 +66,16 @@ def payload(grad_mb: float, model: str | None, comm_config: dict | None, buckets
     return Payload(grad_mb, count, 1, f"{grad_mb:.3g} MB (fp32)")
 
 
+def hook_of(metrics: dict | None) -> dict | None:
+    """The comm hook a run's metrics JSON names (its config holds every option), read without
+    importing the modes (the lab page runs on a laptop without torch); None without one."""
+    config = (metrics or {}).get("config") or {}
+    if not config.get("comm_hook"):
+        return None
+    return {"hook": config["comm_hook"], "bucket_cap_mb": config.get("bucket_cap_mb"),
+            "powersgd_rank": config.get("powersgd_rank")}
+
+
 def default_buckets(grad_mb: float, cap_mb: float) -> int:
     """DDP's buckets for grad_mb of gradients: the first of 1 MB, then cap_mb each."""
     return 1 + max(0, math.ceil((grad_mb - FIRST_BUCKET_MB) / cap_mb))

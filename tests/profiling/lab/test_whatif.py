@@ -377,3 +377,25 @@ def test_the_lab_page_of_real_exports_carries_the_what_if_section(tmp_path):
     page = write_lab(entries, tmp_path / "lab")
     assert "## What-if: the next run, predicted" in page and "### ddp" in page
     assert "| 8 GPUs |" in page
+
+
+def test_the_lab_page_reads_the_runs_hook_and_workers_from_its_metrics_without_importing_torch(tmp_path):
+    """A laptop has no torch: the page reads the metrics JSON beside a report (its comm hook, its
+    loader workers, its model) as data."""
+    from tests.nsys_helpers import REAL_EXPORTS, with_training_ranges
+    folder = tmp_path / "ddp_20251001_173345"
+    folder.mkdir()
+    with_training_ranges(REAL_EXPORTS["2026.2"], folder / "gpu_2.sqlite")
+    (folder / "gpu_2.metrics.json").write_text(json.dumps({"config": {
+        "mode": "ddp", "num_gpu": 2, "model": "resnet18", "comm_hook": "fp16", "bucket_cap_mb": 25.0,
+        "powersgd_rank": 2, "workers": 3}, "env": {"cpu_cores": 16, "torch_threads": 8}}))
+    code = ("import sys; from pathlib import Path; from handler.profiling.lab.page import lab_reports, write_lab; "
+            "page = write_lab(lab_reports([Path(sys.argv[1])]), Path(sys.argv[2])); print(page); "
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(tmp_path / "lab")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("no torch")
+    assert "sends 22.3 MB (fp16: half of 44.7 MB) a step" in done.stdout
+    assert "3 loader workers per process (metrics config.workers)" in done.stdout
+    assert "18 CPU cores (nsys TARGET_INFO_SYSTEM_ENV CpuCores)" in done.stdout  # the report's, before the metrics'
