@@ -64,4 +64,4 @@ def _workers(threads: dict | None, pids: list) -> tuple[float | None, str]:
     pools = [len({m.group(1) for n in threads.get(pid, ()) if (m := DALI_POOL.match(n))}) for pid in pids]
     if any(pools):
         return max(pools), "report: DALI's `[DALI][TPk]` threads in a rank"
-    return 0.0, "report: no DataLoader worker process or DALI thread (the loader runs in the rank)"
+    return 0.0, "report: no DataLoader worker process or DALI thread, so the loader runs in the rank"
