@@ -75,11 +75,14 @@ def predict(split: Split, n: int, s: Setting) -> dict:
         wait = split.wait * loader_cores(split.processes, s.machine) / loader_cores(processes, s.machine)
         work = {"host": split.host, "device": split.busy * own / n}
     else:
-        wait = split.wait
-        work = {"cores": split.busy * (s.cpu_factors.get(n, 1.0) if n != own else 1.0)}
+        wait = split.wait  # dp on a CPU is one process at any count: nothing of it changes
+        factor = s.cpu_factors.get(n, 1.0) if n != own and s.mode != "dp" else 1.0
+        work = {"cores": split.busy * factor}
     link = split.exposed
     if s.mode == "pp":
         work = {k: v * pipeline_ratio(split, n) for k, v in work.items()}
+        comm = 0.0
+    elif s.mode == "dp" and not split.gpu:
         comm = 0.0
     elif s.mode == "dp":
         extra = dp_exchange(n, s) - dp_exchange(own, s)

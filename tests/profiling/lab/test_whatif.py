@@ -128,6 +128,14 @@ def test_dp_broadcasts_and_gathers_over_the_link_so_its_step_grows_with_its_gpus
     assert cells[4]["step_ms"] - cells[1]["step_ms"] == pytest.approx(6 * one_way)
 
 
+def test_dp_on_a_cpu_is_one_process_at_any_count_so_nothing_of_its_step_changes():
+    cpu_dp = summary(step_ms=1000.0, inside_ms=990.0, data_ms=20.0, h2d_ms=0.0, forward_ms=380.0, backward_ms=580.0,
+                     steps=30, epochs=3, report="nsight_logs/dp_20261127_120000/gpu_1.nsys-rep")
+    cells = by_count(predictions(cpu_dp, (1, 2, 4), factors={2: 0.5}))
+    assert [cells[n]["step_ms"] for n in (1, 2, 4)] == pytest.approx([1000.0] * 3)
+    assert [cells[n]["comm_ms"] for n in (1, 2, 4)] == [0.0] * 3
+
+
 def test_pp_has_no_all_reduce_and_its_pipeline_follows_the_bubble():
     """2 stages of 4 micro-batches (bubble 1/5): at W stages the span is (M + W - 1) slots of 1/W of the work."""
     pp = summary(ranks=2, step_ms=200.0, inside_ms=200.0, data_ms=10.0, h2d_ms=0.0, comm_s=None,
