@@ -32,7 +32,7 @@ ASSUMPTIONS = (
     "inside them), the host's work inside the step, the GPU's busy time and the communication no compute hid; at the "
     "report's own count they add up to its measured step. The wait goes to the loaders' cores: each process's "
     "loader uses its workers' cores (its own thread without workers), up to the host's cores read from the report "
-    "(past them it stops shrinking); dp keeps it; a CPU run's loaders share the ranks' cores, so it stays. The host's "
+    "(past them it stops shrinking); dp and pp (one loader) keep it; a CPU run's loaders share the ranks' cores, so it stays. The host's "
     "work stays; the GPU's busy time splits over the GPUs; a CPU run's compute at n ranks is what another mode's "
     "reports of the same machine measured at n, else held. ddp's all-reduce is bench.comm's ring model of what its "
     "comm hook sends (docs/COMM.md), hidden behind backward where it can be; dp's broadcast and gather cross the link "

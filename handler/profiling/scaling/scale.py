@@ -79,8 +79,9 @@ def predict(split: Split, n: int, s: Setting) -> dict:
         factor = s.cpu_factors.get(n, 1.0) if n != own and s.mode != "dp" else 1.0
         work = {"cores": split.busy * factor}
     link = split.exposed
-    if s.mode == "pp":
-        work = {k: v * pipeline_ratio(split, n) for k, v in work.items()}
+    if s.mode == "pp":  # its first stage loads every batch; the stages' work follows the bubble
+        wait, ratio = split.wait, pipeline_ratio(split, n)
+        work = {"host": split.host * ratio, "device": split.busy * ratio} if split.gpu else {"cores": split.busy * ratio}
         comm = 0.0
     elif s.mode == "dp" and not split.gpu:
         comm = 0.0

@@ -150,6 +150,12 @@ def test_pp_has_no_all_reduce_and_its_pipeline_follows_the_bubble():
     assert cells[4]["terms_ms"]["cores"] == pytest.approx(own * (7 / 4) / (5 / 2))
     assert cells[1]["terms_ms"]["cores"] == pytest.approx(own * 4 / (5 / 2))
     assert cells[2]["step_ms"] == pytest.approx(200.0)
+    gpu_pp = summary(ranks=2, step_ms=200.0, inside_ms=190.0, busy_ms=150.0, report="nsight_logs/pp_1/gpu_2.nsys-rep")
+    for r in gpu_pp["ranks"]:
+        r["pipeline"] = {"stage": r["rank"], "theoretical_bubble_share": 0.2, "span_s": 0.15 * 98}
+    on_gpus = by_count(predictions(gpu_pp, (2, 4)))
+    assert on_gpus[4]["terms_ms"]["device"] == pytest.approx(on_gpus[2]["terms_ms"]["device"] * (7 / 4) / (5 / 2))
+    assert on_gpus[4]["terms_ms"]["loader"] == pytest.approx(on_gpus[2]["terms_ms"]["loader"])  # stage 0 loads
 
 
 @pytest.mark.parametrize("hook, mb", [("allreduce", 44.696), ("fp16", 44.696 / 2), ("bf16", 44.696 / 2),
