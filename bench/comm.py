@@ -21,7 +21,7 @@ rank: at 10 Mbit/s plain all-reduce's exposed comm is most of the step.
 Per row: hosts, rate, delay, step_s (median), compute_s (step minus exposed comm), comm_s,
 exposed_comm_s (as the profile report computes them from `allreduce b{k}` ranges, here timed
 in-process), bytes_per_step (sent on node1's link, from its interface counters), images_per_s.
-The model (bench/comm_model.py) is fitted on every 2-host cell but one and checked on that
+The model (handler/profiling/scaling/comm_model.py) is fitted on every 2-host cell but one and checked on that
 one (model_error); fitted on all 2-host cells it predicts the other host count
 (hosts_prediction_error), then ResNet-18's scaling on real clusters. The cluster is always
 taken down.
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, check_target, context, emit, parser, table
-from bench.comm_model import check, fit, predict_hosts, ring_messages, scaling
+from handler.profiling.scaling.comm_model import check, fit, predict_hosts, ring_messages, scaling
 from handler.DDP.options import COMM_HOOKS
 from handler.runtime.errors import UserError, one_line_errors
 

@@ -55,7 +55,7 @@ def measure(code: Path, export: Path, out: Path) -> dict:
 
 def old_code(ref: str, folder: Path) -> Path:
     """The handler package as it was at ref, unpacked into folder, with bench/ (the report's
-    what-if imports bench.comm_model's formulas)."""
+    what-if imported bench.comm_model's formulas before they moved to handler/profiling/scaling/)."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "handler", "bench"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
     return folder

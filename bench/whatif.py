@@ -1,6 +1,7 @@
 """The what-if model checked by the lab's matrix: `python -m handler.compare --lab`, small, on this machine.
 
     python -m bench.whatif [--quick] [--json PATH] [--keep DIR]
+    python -m bench.whatif --from-results compare/results.json     (no run: an earlier matrix's errors)
 
 Runs the kit's matrix (dp, ddp and ddp_dali at 1 and 2 processes, profiled with nsys) in a
 temporary folder, as `compare --lab` does, on a small CPU configuration (resnet20, a
@@ -9,7 +10,8 @@ synthetic set of 3,000 images, 3 epochs); each cell's epoch is predicted from it
 predicted cell's predicted and measured epoch, its error, and the median absolute error
 against the goal (docs/RESULTS.md). On a CPU, dp runs as one process at any count, so
 only ddp and ddp_dali at 2 processes are predicted. `--quick` trains a few images for 1
-epoch: it checks that the bench runs, its numbers mean nothing.
+epoch: it checks that the bench runs, its numbers mean nothing. `--from-results` reads the
+results.json of an earlier `compare --lab` (or of `--keep DIR`) instead of running the matrix.
 """
 import json
 import os
@@ -44,19 +46,39 @@ def run_matrix(folder: Path, train_args: list) -> dict:
 def main(argv=None) -> None:
     p = parser(__doc__)
     p.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary one, removed)")
+    p.add_argument("--from-results", type=Path, help="a compare results.json: its errors, without running the matrix")
     args = p.parse_args(argv)
+    started = context("whatif")
+    if args.from_results:
+        try:
+            results = json.loads(args.from_results.read_text())
+        except (OSError, ValueError) as err:
+            raise UserError(f"--from-results {args.from_results}: not a readable results.json ({err}); pass the "
+                            "results.json that python -m handler.compare --lab wrote") from None
+    else:
+        results = run_fresh(args)
+    if not isinstance(results, dict) or not isinstance(results.get("cells"), list):
+        raise UserError(f"{args.from_results} holds no cells; pass the results.json that python -m handler.compare "
+                        "--lab wrote")
+    text, found = summarise(results["cells"])
+    emit("whatif", found, args, text, started)
+
+
+def run_fresh(args) -> dict:
     if not shutil.which("nsys"):
         raise UserError("bench.whatif predicts from nsys profiles, and nsys is not on PATH; "
                         "install it with scripts/install_nsys.sh")
-    started = context("whatif")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-whatif-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        results = run_matrix(folder.resolve(), QUICK if args.quick else FULL)
+        return run_matrix(folder.resolve(), QUICK if args.quick else FULL)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
-    cells = results["cells"]
+
+
+def summarise(cells: list) -> tuple[str, dict]:
+    """The table of predicted and measured cells and the median absolute error against GOAL."""
     predicted = [c for c in cells if c.get("prediction_error") is not None]
     errors = sorted(abs(c["prediction_error"]) for c in predicted)
     median = (errors[(len(errors) - 1) // 2] + errors[len(errors) // 2]) / 2 if errors else None
@@ -66,8 +88,8 @@ def main(argv=None) -> None:
     text = table(["cell", "status", "from", "predicted s", "measured s", "error", "bound"], rows)
     text += (f"\nmedian absolute error {median * 100:.1f} % over {len(errors)} cells (goal <= {GOAL * 100:.0f} %: "
              f"{'met' if median <= GOAL else 'MISSED'})" if median is not None else "\nno cell was predicted")
-    emit("whatif", {"cells": cells, "median_abs_error": median, "goal": GOAL,
-                    "met": median is not None and median <= GOAL}, args, text, started)
+    return text, {"cells": cells, "median_abs_error": median, "goal": GOAL,
+                  "met": median is not None and median <= GOAL}
 
 
 if __name__ == "__main__":

@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     report = write_report(out, rows, write_plots(rows, out, comm_bench), prov, recipe(outcomes),
                           dataset_description(outcomes), profile)
     if profile:  # the profiling report's lab page over the cells' reports (docs/PROFILING.md)
-        lab = write_cells_lab([(o.cell.variant.label, o.cell.count, layout.report(o.cell, out / o.folder))
+        lab = write_cells_lab([(o.cell.variant.label, o.cell.count, layout.report(o.cell, out / o.folder), o.metrics)
                                for o in outcomes if o.status == "ok" and o.folder], out / "lab")
         print(f"lab page: {lab}" if lab else "lab page: no profiled cell finished", flush=True)
     failed = sum(r.status == "failed" for r in rows)

@@ -7,9 +7,12 @@ median of its epochs after the first, as every row's), so both columns are measu
 """
 from statistics import median
 
+from ..profiling.scaling.scale import cpu_factors
+from ..profiling.scaling.step import split_of
 from ..profiling.whatif import ASSUMPTIONS, predictions
 from ..profiling.whatif import gradient_mb as whatif_gradient_mb
 from ..runtime.errors import UserError
+
 
 def gradient_mb(metrics: dict | None) -> float:
     """MB of fp32 gradients the run all-reduces per step: its model's (whatif.GRAD_MB)."""
@@ -19,29 +22,49 @@ def gradient_mb(metrics: dict | None) -> float:
 def add_predictions(rows, outcomes) -> None:
     """Sets measured_epoch_s on every finished row, and predicted_epoch_s, prediction_error
     (signed, over the measured), predicted_bound and predicted_from on every other count of
-    a variant whose fewest-process cell was profiled."""
+    a variant whose fewest-process cell was profiled. A CPU variant's compute at other counts
+    comes from the other variants' profiles of this machine (one rank per process: not dp, not pp)."""
     by_name = {o.cell.name: o for o in outcomes}
     for row in rows:
         row.measured_epoch_s = row.epoch_s
+    splits = _cpu_splits(rows, by_name)
     for label in sorted({r.label for r in rows}):
         done = sorted((r for r in rows if r.label == label and r.epoch_s), key=lambda r: r.count)
         if len(done) < 2 or not by_name[done[0].name].profile:
             continue
         base, outcome = done[0], by_name[done[0].name]
+        others = {k: v for k, v in splits.items() if k != label}
         try:
             found = predictions(outcome.profile, [r.count for r in done], grad_mb=gradient_mb(outcome.metrics),
-                                one_process=base.mode == "dp")
+                                mode="dp" if base.mode == "dp" else None, factors=cpu_factors(others, base.count))
         except UserError as err:
             for row in done[1:]:
                 row.predicted_from = f"{base.name}: no prediction ({err})"
             continue
         cells = {c["count"]: c for c in found["cells"]}
-        own = cells[found["base"].devices]
+        split = found["split"]
+        own = cells[split.devices if split.gpu else split.processes]
         for row in done[1:]:
             cell = cells[row.count]
             row.predicted_epoch_s = base.epoch_s * cell["epoch_s"] / own["epoch_s"]
             row.prediction_error = (row.predicted_epoch_s - row.epoch_s) / row.epoch_s
             row.predicted_bound, row.predicted_from = cell["bound"], base.name
+
+
+def _cpu_splits(rows, by_name) -> dict:
+    """label -> count -> split, of the profiled CPU cells of variants with a rank per process."""
+    out: dict = {}
+    for row in rows:
+        profile = by_name[row.name].profile
+        if not profile or row.mode in ("dp", "pp"):
+            continue
+        try:
+            split = split_of(profile)
+        except UserError:
+            continue
+        if not split.gpu:
+            out.setdefault(row.label, {})[row.count] = split
+    return out
 
 
 def median_error(rows) -> float | None:

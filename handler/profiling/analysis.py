@@ -35,6 +35,7 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary["stragglers"] = stragglers(first_comm_per_process(trace))
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     summary["comm_config"] = comm_config(metrics)
+    summary["model"] = ((metrics or {}).get("config") or {}).get("model")  # its gradients' size (whatif.GRAD_MB)
     summary["convention"] = trace.convention
     summary["gpus"] = gpu_table(trace)
     summary["incomplete"] = incomplete(ranks)
@@ -104,7 +105,7 @@ def _rank(process: Process, trace: Trace) -> dict:
                                          [(r.start, r.end) for _, r in epochs]) if metrics else None,
         "gpu_metrics_gpus": {str(cuda): gpu for cuda, gpu in gpus.items()} if metrics else None,
         **setup_ranges(process.ranges, [r for _, r in epochs]),
-        "loop": loop_stats([r for _, r in epochs], batches, phase_time),
+        "loop": loop_stats([r for _, r in epochs], batches, phase_ranges),
         "nccl_ranges": _named_totals(r for r in process.ranges if r.name.startswith(NCCL_RANGE)),
         "incomplete": asdict(process.cut_short) if process.cut_short else None,
     }
@@ -140,17 +141,26 @@ def setup_ranges(ranges, epochs: list[Range]) -> dict:
                                 for (library, by), totals in libraries.items()]}
 
 
-def loop_stats(epochs: list[Range], batches: list[Range], phase_time: dict) -> dict:
-    """Per rank, what the lab computes by hand: epoch time over steps, the time inside the step
-    ranges and between them (a loop that does not mark its data fetch waits for data there),
-    and ms per step of each phase."""
-    epoch_s, steps = sum(e.seconds for e in epochs), len(batches)
-    inside = sum(b.seconds for b in batches)
+def loop_stats(epochs: list[Range], batches: list[Range], phase_ranges: dict) -> dict:
+    """Per rank, what the lab computes by hand, over the complete epochs (a run stopped inside an
+    epoch never closes its range; the steps it began there are left out): epoch time over steps,
+    the time inside the step ranges and between them (a loop that does not mark its data fetch
+    waits for data there), and ms per step of each phase."""
+    epoch_s = sum(e.seconds for e in epochs)
+    bounds = sorted((e.start, e.end) for e in epochs)
+    starts = [b[0] for b in bounds]
+
+    def closed(r: Range) -> bool:
+        i = bisect.bisect_right(starts, r.start) - 1
+        return i >= 0 and r.end <= bounds[i][1]
+    kept = [b for b in batches if closed(b)]
+    steps, inside = len(kept), sum(b.seconds for b in kept)
+    own = _own_seconds({name: [r for r in rs if closed(r)] for name, rs in phase_ranges.items()})
     per_step = (lambda s: s * 1e3 / steps) if steps else (lambda s: None)
     return {"epochs_s": epoch_s, "epochs": len(epochs), "steps": steps,
             "steps_per_epoch": steps / len(epochs) if epochs else None, "step_mean_ms": per_step(epoch_s),
             "inside_steps_ms": per_step(inside), "between_steps_ms": per_step(epoch_s - inside) if epochs else None,
-            "phase_ms": {name: per_step(seconds) for name, (_, seconds) in phase_time.items()}}
+            "phase_ms": {name: per_step(seconds) for name, seconds in own.items()}}
 
 
 def _named_totals(ranges) -> dict:

@@ -19,6 +19,7 @@ from handler.runtime.errors import UserError, one_line_errors
 from handler.runtime.names import EPOCH
 
 from .analysis import incomplete, summarize
+from .scaling.machine import machine_of
 from .merge import markdown_lines as merge_lines
 from .merge import merge
 from .conventions import from_mapping
@@ -106,7 +107,9 @@ def main(argv=None) -> None:
     out_dir = args.out or reports[0].parent
     metrics = load_metrics(args.metrics) if args.metrics else None
     if len(reports) == 1:
-        analysis = summarize(load_trace(sqlite_export(reports[0], out_dir), convention), metrics)
+        export = sqlite_export(reports[0], out_dir)
+        analysis = summarize(load_trace(export, convention), metrics)
+        analysis["machine"] = machine_of(export, analysis["ranks"], metrics)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
         name, title, extra = reports[0].stem, reports[0].name, []
         recorded = recorded_version(reports[0])

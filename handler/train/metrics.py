@@ -22,10 +22,16 @@ def environment(cfg, notes, hosts=None) -> dict:
             "dataset_fallback": cfg.dataset_fallback or None,
             "torch": torch.__version__, "torchvision": package_version("torchvision"),
             "dali": dali_version(), "nsys": os.environ.get("HARNESS_NSYS") or None,
-            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "cpu_cores": cpu_cores(),
             "torch_threads": torch.get_num_threads(), "cpu_allocator": cpu_memory.setting(),
             "notes": list(notes),
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def cpu_cores() -> int | None:
+    """The cores this process may run on (its affinity, which a container or taskset narrows);
+    the what-if's loaders share them (handler/profiling/scaling/machine.py)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 DALI_WHEELS = ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110")

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 import bench.comm as comm
-import bench.comm_model as comm_model
-from bench.comm_model import (check, fit, predict_comm, predict_hosts, predict_step, ring_messages, ring_share,
+import handler.profiling.scaling.comm_model as comm_model
+from handler.profiling.scaling.comm_model import (check, fit, predict_comm, predict_hosts, predict_step, ring_messages, ring_share,
                               scaling)
 from handler.compare.__main__ import load_comm_bench
 from handler.compare.cells import Variant, sweep_hooks
@@ -23,7 +23,7 @@ from handler.runtime.errors import UserError
 from tests.conftest import ROOT, run_process
 
 # What the synthetic rows obey. alpha 0: at one host count a per-message cost beside the delay
-# hides in the floors (bench/comm_model.py), so only a model without it can be recovered exactly.
+# hides in the floors (handler/profiling/scaling/comm_model.py), so only a model without it can be recovered exactly.
 TRUE: dict[str, Any] = {"beta": 1.2, "alpha_s": 0.0, "gamma_per_mb": 2.0, "power": math.inf, "hooks": {
     "allreduce": {"floor_s": 0.10, "compute_s": 0.20, "window_s": 0.08, "bytes_per_step": 1.1e6, "buckets": 4,
                   "collectives_per_bucket": 1, "kappa_base": 1.5},
@@ -34,7 +34,7 @@ TRUE: dict[str, Any] = {"beta": 1.2, "alpha_s": 0.0, "gamma_per_mb": 2.0, "power
     "powersgd": {"floor_s": 0.15, "compute_s": 0.22, "window_s": 0.09, "bytes_per_step": 0.1e6, "buckets": 4,
                  "collectives_per_bucket": 3, "kappa_base": 2.5}}}
 RATES, DELAYS = (1000, 200, 50, 10), (0, 1, 5)
-MESSAGE_OVERHEAD = 800  # bytes beside the payload per message, as measured (bench/comm_model.py message_overhead)
+MESSAGE_OVERHEAD = 800  # bytes beside the payload per message, as measured (handler/profiling/scaling/comm_model.py message_overhead)
 
 
 def synthetic_rows(params=TRUE, rates=RATES, delays=DELAYS, hosts=2, cells=None, cpu=1.0):

@@ -184,3 +184,14 @@ def test_the_ddp_call_map_names_functions_where_they_are_defined():
         if name not in defined:
             missing.append(f"{path}: {name}")
     assert not missing, f"handler/DDP/__init__.py's call map names what is not there: {missing}"
+
+
+BENCH_IMPORT = re.compile(r"^\s*(from|import)\s+bench\b", re.M)
+
+
+def test_nothing_under_handler_imports_bench():
+    # bench/ measures handler/; handler/ (the what-if's model too) never reaches up into it.
+    offenders = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "handler").rglob("*.py")
+                       if BENCH_IMPORT.search(path.read_text()))
+    assert not offenders, f"these import bench/; move what they need into handler/: {offenders}"
+    assert BENCH_IMPORT.search("from bench.comm_model import exchange_s") and not BENCH_IMPORT.search("import benchmark")

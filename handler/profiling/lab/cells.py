@@ -60,10 +60,17 @@ def _cell_of(report: Path) -> dict:
 def _from_metrics(report: Path) -> dict:
     """{"mode", "gpus", "model"} from the run's metrics JSON beside the report (`<name>.metrics.json`,
     scripts/launch.sh writes it there), which knows them exactly; {} without a readable one."""
-    path = report.with_name(report.name.split(".")[0] + ".metrics.json")
-    try:
-        config = json.loads(path.read_text()).get("config") or {}
-    except (OSError, ValueError, AttributeError):
-        return {}
+    config = metrics_beside(report).get("config")
+    config = config if isinstance(config, dict) else {}
     found = {"mode": config.get("mode"), "gpus": config.get("num_gpu"), "model": config.get("model")}
     return {k: v for k, v in found.items() if v}
+
+
+def metrics_beside(report: Path) -> dict:
+    """The run's metrics JSON beside its report; {} without a readable one."""
+    path = report.with_name(report.name.split(".")[0] + ".metrics.json")
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}

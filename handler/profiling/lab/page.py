@@ -22,70 +22,67 @@ from ..analysis import summarize
 from .figures import draw
 from ..nsys import sqlite_export
 from ..trace import Trace, load_trace
+from ..scaling.links import hook_of
+from ..scaling.machine import machine_of
+from ..scaling.step import bound_of, own_terms, split_of, step_of
 from ..whatif import lab_section
+from .cells import metrics_beside
 
-LOADER_BOUND = 0.5  # a step that waits for data this much of its time is loader-bound
-GPU_BOUND = 0.8  # a GPU busy this share of the step range leaves the host little to gain
-BOUND_RULE = ("The bound is what remains of one epoch when a loader that keeps up removes the wait between steps: "
-              "per step, the larger of the time inside the step range (the host's work) and the GPU's busy time "
-              "(kernels run asynchronously, so they can outlast the range), times the steps of one epoch. It never "
-              "exceeds the measured epoch. A step that waits for data half its time or more is loader-bound; else "
-              "GPU-bound when the busiest GPU works 80 % or more of the step range, host-bound when it idles more "
-              "inside it (a loop that waits for its GPU, by loss.item() say, holds the GPU's work inside the step "
-              "range, so the range alone cannot tell the host's work from the wait).")
+BOUND_RULE = ("The bound is what remains of one epoch with a loader that keeps up: the wait for data removed "
+              "(between the step ranges, and the `data` and `h2d` phases inside them, whichever the loop used), per "
+              "step the larger of the host's work inside the step and the GPU's busy time (kernels run "
+              "asynchronously, so they can outlast the range), plus the communication no compute hid, times the "
+              "steps of one epoch: the what-if's \"loader keeps up\" epoch at the report's own count "
+              "(handler/profiling/scaling/step.py). It never exceeds the measured epoch. A step is bound by its "
+              "largest part: loader-bound (the wait for data), GPU-bound (the GPU busy 80 % or more of the host's "
+              "work: a loop that waits for its GPU, by loss.item() say, holds the GPU's work inside the step "
+              "range), host-bound (the host's work, the GPU idling), CPU-bound (no GPU ran) or link-bound (the "
+              "exposed communication).")
 
 
 def verdict(summary: dict) -> dict:
     """The bound of one epoch and one line for a report, from its slowest rank (BOUND_RULE says how)."""
-    rank = max(summary["ranks"], key=lambda r: r["loop"]["epochs_s"])
-    loop = rank["loop"]
-    steps, epochs = loop["steps"], loop.get("epochs")
-    if not steps or not epochs or not loop["epochs_s"]:
-        return {"bound_s": None, "line": "no steps inside an epoch in this report: no bound"}
-    epoch_s, per_epoch = loop["epochs_s"] / epochs, steps / epochs
-    inside, between, step = loop["inside_steps_ms"], loop["between_steps_ms"] or 0.0, loop["step_mean_ms"]
-    busy = _busy_share(summary)
-    busy_ms = None if busy is None else busy * step  # the GPU's busy time over the epochs, per step
-    per_step = max(inside, busy_ms or 0.0)
-    bound = per_epoch * per_step / 1e3
-    wait = between / step
-    if wait >= LOADER_BOUND:
-        kind = f"loader-bound: {wait * 100:.0f} % of each step waits for data"
-    elif busy_ms is None:
-        kind = f"CPU-bound (no GPU ran): {inside:.1f} ms of each {step:.1f} ms step is inside the step range"
-    elif busy_ms >= GPU_BOUND * inside:
-        kind = (f"GPU-bound: the busiest GPU works {busy_ms:.1f} ms of each {step:.1f} ms step "
-                f"({_share(busy_ms, inside)} of the step range)")
-    else:
-        kind = (f"host-bound: the busiest GPU idles {_share(inside - busy_ms, inside)} of the step range "
-                f"({busy_ms:.1f} ms busy of {inside:.1f} ms inside each {step:.1f} ms step)")
-    return {"bound_s": bound, "epoch_s": epoch_s, "per_step_ms": per_step, "steps_per_epoch": per_epoch,
-            "gpu_busy_ms_per_step": busy_ms, "gpu_busy_share": busy, "wait_share": wait,
-            "line": f"{kind}; with a loader that keeps up, the epoch takes at least {bound:.3g} s "
-                    f"({per_epoch:g} steps x {per_step:.1f} ms) of the {epoch_s:.3g} s measured"}
-
-
-def _busy_share(summary: dict) -> float | None:
-    """The busiest GPU's share of the epochs that its kernels kept it busy: the ranks of a
-    synchronous job wait for it every step. None without GPU activity."""
-    return max((g["kernel_busy_share"] for g in summary.get("gpus") or () if g["kernel_busy_share"] is not None),
-               default=None)
+    try:
+        split = split_of(summary)
+    except UserError as err:
+        return {"bound_s": None, "bound": None, "line": f"no bound: {err}"}
+    terms = own_terms(split)
+    _, keeps_up = step_of(terms, split.gpu)
+    bound, step_ms = bound_of(terms), split.step * 1e3
+    busy_ms = split.busy * 1e3 if split.gpu else None
+    detail = {"loader-bound": f"{split.wait / split.step * 100:.0f} % of each step waits for data",
+              "link-bound": f"{split.exposed * 1e3:.1f} ms of each {step_ms:.1f} ms step waits for communication",
+              "CPU-bound": f"no GPU ran; the host computes {split.host * 1e3:.1f} ms of each {step_ms:.1f} ms step",
+              "GPU-bound": f"the busiest GPU works {busy_ms or 0:.1f} ms of each {step_ms:.1f} ms step "
+                           f"({_share(busy_ms or 0, split.host * 1e3)} of the host's work inside it)",
+              "host-bound": f"the busiest GPU idles {_share(split.host * 1e3 - (busy_ms or 0), split.host * 1e3)} of "
+                            f"the host's work inside the step ({busy_ms or 0:.1f} ms busy of {split.host * 1e3:.1f} "
+                            f"ms, each {step_ms:.1f} ms step)"}[bound]
+    bound_s = split.steps_per_epoch * keeps_up
+    epoch_s = split.steps_per_epoch * split.step
+    return {"bound_s": bound_s, "bound": bound, "epoch_s": epoch_s, "per_step_ms": keeps_up * 1e3,
+            "steps_per_epoch": split.steps_per_epoch, "gpu_busy_ms_per_step": busy_ms,
+            "wait_share": split.wait / split.step, "terms_ms": {k: v * 1e3 for k, v in terms.items()},
+            "line": f"{bound}: {detail}; with a loader that keeps up, the epoch takes at least {bound_s:.3g} s "
+                    f"({split.steps_per_epoch:g} steps x {keeps_up * 1e3:.1f} ms) of the {epoch_s:.3g} s measured"}
 
 
 def _share(part: float, whole: float) -> str:
     return f"{part / whole * 100:.0f} %" if whole else "n/a"
 
 
-def write_cells_lab(cells: list[tuple[str, int, Path]], out: Path) -> Path | None:
-    """The lab page of a comparison (handler.compare): (label, process count, report) per profiled
-    cell that finished; the report's .sqlite export stands in where only it is left. A cell whose
-    report cannot be read is left off the page and named on it; with none readable the page is
-    not written, and one line says why."""
+def write_cells_lab(cells: list[tuple[str, int, Path, dict | None]], out: Path) -> Path | None:
+    """The lab page of a comparison (handler.compare): (label, process count, report, the run's
+    metrics) per profiled cell that finished, so each cell's what-if takes its own model's
+    gradients; the report's .sqlite export stands in where only it is left. A cell whose report
+    cannot be read is left off the page and named on it; with none readable the page is not
+    written, and one line says why."""
     entries = []
-    for label, count, report in cells:
+    for label, count, report, metrics in cells:
         found = report if report.is_file() else report.with_suffix(".sqlite")
         if found.is_file():
-            entries.append({"report": found, "mode": label, "gpus": count})
+            entries.append({"report": found, "mode": label, "gpus": count, "metrics": metrics,
+                            "model": ((metrics or {}).get("config") or {}).get("model")})
     if not entries:
         return None
     try:
@@ -156,7 +153,9 @@ def build_lab(entries: list[dict], out: Path, convention=None) -> tuple[str, lis
 
 def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
     """One report's row of the page, and its trace for the figure. UserError when it cannot be read."""
-    trace = load_trace(sqlite_export(entry["report"], exports), convention)
+    sqlite = sqlite_export(entry["report"], exports)
+    metrics = entry.get("metrics") or metrics_beside(entry["report"])
+    trace = load_trace(sqlite, convention)
     summary = summarize(trace)
     ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
     gpus = entry["gpus"] or ran_gpus or processes
@@ -167,9 +166,10 @@ def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
            "incomplete": summary["incomplete"],
            "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
                       "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"],
-                      "comm": r["comm"]}
+                      "comm": r["comm"], "pipeline": r["pipeline"]}
                      for r in summary["ranks"]],
-           "gpu_table": summary["gpus"], "verdict": verdict(summary)}
+           "gpu_table": summary["gpus"], "verdict": verdict(summary),
+           "machine": machine_of(sqlite, summary["ranks"], metrics), "comm_config": hook_of(metrics)}
     return row, trace
 
 

@@ -9,6 +9,7 @@ from handler.profiling.analysis import summarize
 from handler.profiling.lab.cells import lab_reports
 from handler.profiling.lab.page import verdict, write_lab
 from handler.profiling.render import markdown
+from handler.profiling.whatif import predictions
 from handler.profiling.trace import load_trace
 from tests.nsys_helpers import REAL_EXPORTS
 from tests.profiling.lab.kit_exports import with_kit_ranges
@@ -50,6 +51,49 @@ def test_the_bound_never_exceeds_the_measured_epoch_on_every_summary_and_real_ex
         assert bound is not None and 0 < bound <= measured * (1 + 1e-12), (name, bound, measured)
 
 
+def _loader_bound_exports(folder, monkeypatch):
+    """A real 2-GPU export shaped as a loader-bound run (70 % of each step waiting for data), in our
+    convention (the wait is the `data` phase inside each step) and in the kit's (between the steps)."""
+    from tests.profiling.lab import loader_bound
+    source = REAL_EXPORTS["2026.2"]
+    return {"loader_bound_ours": loader_bound.ours(source, folder / "lb_ours.sqlite", monkeypatch),
+            "loader_bound_kit": loader_bound.kit(source, folder / "lb_kit.sqlite", monkeypatch)}
+
+
+def test_the_verdict_and_the_what_if_agree_on_every_summary_and_real_export(tmp_path, monkeypatch):
+    """At the report's own count the what-if's epoch is the measured one, its "loader keeps up"
+    epoch is the verdict's bound (never above the measured), and both name the same bound."""
+    exports = {**_every_export(tmp_path), **_loader_bound_exports(tmp_path, monkeypatch)}
+    for name, path in exports.items():
+        summary = summarize(load_trace(path))
+        slowest = max(summary["ranks"], key=lambda r: r["loop"]["epochs_s"])
+        measured = slowest["loop"]["epochs_s"] / slowest["loop"]["epochs"]
+        found = predictions(summary, ())
+        own, = found["cells"]
+        said = verdict(summary)
+        assert own["epoch_s"] == pytest.approx(measured, rel=1e-9), name
+        assert said["bound_s"] == pytest.approx(own["keeps_up_epoch_s"], rel=1e-9), name
+        assert 0 < said["bound_s"] <= measured * (1 + 1e-12), name
+        assert said["bound"] == own["bound"] and said["line"].startswith(own["bound"] + ":"), (name, said, own)
+
+
+@pytest.mark.parametrize("convention", ["ours", "kit"])
+def test_a_loader_bound_run_of_either_convention_is_loader_bound_on_the_page_with_the_what_ifs_bound(
+        tmp_path, monkeypatch, convention):
+    """Our loop fetches its batch inside the step range (`data`), the kit's between the steps: the
+    verdict counts both as the wait, so the page says loader-bound and its bound is the what-if's."""
+    path = _loader_bound_exports(tmp_path, monkeypatch)[f"loader_bound_{convention}"]
+    summary = summarize(load_trace(path))
+    said = verdict(summary)
+    assert said["line"].startswith("loader-bound: 7"), said["line"]  # 70 % and more of each step waits
+    page = write_lab([{"report": path, "mode": "ddp", "gpus": 2}], tmp_path / "lab")
+    row, = json.loads((tmp_path / "lab" / "lab.json").read_text())["reports"]
+    assert row["verdict"]["line"] in page
+    two = next(line for line in page.splitlines() if line.startswith("| 2 GPUs |"))
+    assert two.endswith("| loader-bound |") and f"| {said['bound_s']:.2f} |" in two
+    assert "18 CPU cores (nsys TARGET_INFO_SYSTEM_ENV CpuCores)" in page  # read from the export, not assumed
+
+
 def test_a_gpu_busy_almost_every_step_is_gpu_bound_and_one_that_idles_is_host_bound(tmp_path):
     """Real exports with our ranges (steps fill the epoch, as a loop that waits for its GPU by
     loss.item() has them): the 2-GPU PyTorch run's GPUs are busy 79 % and 84 % of the epoch; the
@@ -59,7 +103,7 @@ def test_a_gpu_busy_almost_every_step_is_gpu_bound_and_one_that_idles_is_host_bo
     assert max(g["kernel_busy_share"] for g in busy["gpus"]) == pytest.approx(0.840, abs=1e-3)
     assert verdict(busy)["line"].startswith("GPU-bound: the busiest GPU works")
     idle = summarize(load_trace(exports["real_2022.2"]))
-    assert verdict(idle)["line"].startswith("host-bound: the busiest GPU idles 94 % of the step range")
+    assert verdict(idle)["line"].startswith("host-bound: the busiest GPU idles 94 % of the host's work inside the step")
 
 
 def _kit_folder(root, mode, stamp, count, report=DALI_CPU, metrics=None):
@@ -102,7 +146,7 @@ def test_a_two_process_cpu_run_is_called_two_cpu_processes_and_its_gpu_tables_sa
     report = fake_export(tmp_path / "ddp_2gpu.sqlite", nvtx)
     page = write_lab(lab_reports([report]), tmp_path / "lab")
     row, = json.loads((tmp_path / "lab" / "lab.json").read_text())["reports"]
-    assert "| mode | 2 CPU processes |" in page and "- **ddp, 2 CPU processes**: CPU-bound (no GPU ran)" in page
+    assert "| mode | 2 CPU processes |" in page and "- **ddp, 2 CPU processes**: CPU-bound: no GPU ran" in page
     assert (row["cell"], row["ran"], row["name"]) == ("2 CPU processes", "2 CPU processes", "ddp_2cpu")
     assert row["figure"]["title"].startswith("ddp, 2 CPU processes")
     assert "GPU |" not in page  # no table names a GPU, and no table is a bare header

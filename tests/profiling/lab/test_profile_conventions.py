@@ -262,8 +262,9 @@ def test_the_report_module_help_runs():
 
 
 def test_a_comparisons_profiled_cells_get_the_lab_page(tmp_path, kit_export):
-    """handler.compare hands its cells (label, count, report) to the page writer; only the
-    .sqlite export of a cell is left here, and a cell without any report is left out."""
+    """handler.compare hands its cells (label, count, report, metrics) to the page writer; only the
+    .sqlite export of a cell is left here, and a cell without any report is left out. Each cell's
+    what-if takes its own model's gradients from its metrics (resnet20's 1.08 MB, not ResNet-18's)."""
     from handler.profiling.lab.page import write_cells_lab
     path, _ = kit_export
     cells = []
@@ -271,12 +272,15 @@ def test_a_comparisons_profiled_cells_get_the_lab_page(tmp_path, kit_export):
         folder = tmp_path / "cells" / f"{label}-n{count}"
         folder.mkdir(parents=True)
         (folder / f"{label}-n{count}.sqlite").write_bytes(path.read_bytes())
-        cells.append((label, count, folder / f"{label}-n{count}.nsys-rep"))
-    cells.append(("gone", 4, tmp_path / "cells" / "gone-n4" / "gone-n4.nsys-rep"))
+        cells.append((label, count, folder / f"{label}-n{count}.nsys-rep", {"config": {"model": "resnet20"}}))
+    cells.append(("gone", 4, tmp_path / "cells" / "gone-n4" / "gone-n4.nsys-rep", None))
     page = write_cells_lab(cells, tmp_path / "lab")
     assert page == tmp_path / "lab" / "lab.md" and page.is_file()
     lab = json.loads((tmp_path / "lab" / "lab.json").read_text())
     assert [(r["mode"], r["gpus"]) for r in lab["reports"]] == [("ddp", 1), ("ddp", 2), ("fast", 2)]
+    assert {r["model"] for r in lab["reports"]} == {"resnet20"}
+    text = page.read_text()
+    assert "sends 1.08 MB (fp32) a step" in text and "44.7 MB" not in text
     assert write_cells_lab(cells[-1:], tmp_path / "none") is None
 
 

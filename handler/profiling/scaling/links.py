@@ -1,0 +1,115 @@
+"""The link the communication rides, and the bytes each step puts on it (docs/PROFILING.md, "The link").
+
+A link is read from a report of 2 or more processes of the same machine: on GPUs its NCCL
+kernel time per step (summary gpus[].nccl_kernel_s), on a CPU run its all-reduce ranges,
+against the bytes the ring carried (the gradients, as the run's comm hook sends them). Where
+no report gives one, it is assumed and said so: two GPU links, since the same 2-GPU box
+may have either (P2P_LINK, THROUGH_HOST_LINK).
+"""
+import math
+from dataclasses import dataclass
+
+from handler.runtime.errors import UserError
+
+from .comm_model import ring_messages, ring_share
+from .step import Split
+
+BETA = 1.0  # link efficiency: the shaped link carried 99 % of its rate (bench.comm, docs/COMM.md)
+FIRST_BUCKET_MB, BUCKET_CAP_MB = 1.0, 25.0  # DDP's buckets: a small first one, then --bucket-cap-mb
+
+
+@dataclass(frozen=True)
+class Link:
+    """Rate in Gbit/s, latency in microseconds per ring message, and where they came from."""
+    gbit: float
+    latency_us: float
+    source: str = "given"
+    assumed: bool = False
+
+
+P2P_LINK = Link(100.0, 10.0, "assumed: GPUs of one host talking peer to peer over PCIe (about 100 Gbit/s)", True)
+# A rented 2-GPU box whose GPUs talk through host memory: its 2-GPU reports' NCCL kernels took 45-70 ms a
+# step for ResNet-18's 44.7 MB, 5-8 Gbit/s (docs/PROFILING.md, "The link").
+THROUGH_HOST_LINK = Link(8.0, 10.0, "assumed: GPUs talking through host memory (about 8 Gbit/s, as a "
+                                    "rented 2-GPU box measured)", True)
+CPU_LINK = Link(10.0, 50.0, "assumed: gloo over loopback TCP on one host", True)
+# MB each PowerSGD rank sends per step for each model of models/ (handler/DDP/powersgd.sent_numel; a test
+# counts them): a low-rank P and Q per compressed gradient, the rest as it is.
+POWERSGD_MB = {"resnet18": {1: 0.1837, 2: 0.329, 4: 0.6196, 8: 1.2046},
+               "resnet20": {1: 0.0312, 2: 0.0568, 4: 0.108, 8: 0.2356},
+               "fastnet": {1: 0.0688, 2: 0.1247, 4: 0.2366, 8: 0.4622}}
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one step's communication carries: MB, buckets, collectives per bucket, and in words."""
+    mb: float
+    buckets: int
+    per_bucket: int
+    says: str
+
+
+def payload(grad_mb: float, model: str | None, comm_config: dict | None, buckets: int | None) -> Payload:
+    """The gradients as the run's comm hook sends them: fp16/bf16 half, PowerSGD its rank's share."""
+    config = comm_config or {}
+    hook, cap = config.get("hook") or "allreduce", config.get("bucket_cap_mb") or BUCKET_CAP_MB
+    count = buckets or default_buckets(grad_mb, cap)
+    if hook in ("fp16", "bf16"):
+        return Payload(grad_mb / 2, count, 1, f"{grad_mb / 2:.3g} MB ({hook}: half of {grad_mb:.3g} MB)")
+    if hook == "powersgd":
+        rank = config.get("powersgd_rank") or 2
+        table = POWERSGD_MB.get(model or "")
+        if not table or rank not in table:
+            raise UserError(f"PowerSGD rank {rank} of model {model or 'unknown'}: its bytes are not in "
+                            "handler/profiling/scaling/links.POWERSGD_MB; add them (a test counts them)")
+        return Payload(table[rank], count, 3, f"{table[rank]:.3g} MB (PowerSGD rank {rank} of {grad_mb:.3g} MB)")
+    return Payload(grad_mb, count, 1, f"{grad_mb:.3g} MB (fp32)")
+
+
+def hook_of(metrics: dict | None) -> dict | None:
+    """The comm hook a run's metrics JSON names (its config holds every option), read without
+    importing the modes (the lab page runs on a laptop without torch); None without one."""
+    config = (metrics or {}).get("config") or {}
+    if not config.get("comm_hook"):
+        return None
+    return {"hook": config["comm_hook"], "bucket_cap_mb": config.get("bucket_cap_mb"),
+            "powersgd_rank": config.get("powersgd_rank")}
+
+
+def default_buckets(grad_mb: float, cap_mb: float) -> int:
+    """DDP's buckets for grad_mb of gradients: the first of 1 MB, then cap_mb each."""
+    return 1 + max(0, math.ceil((grad_mb - FIRST_BUCKET_MB) / cap_mb))
+
+
+def measured(split: Split, summary: dict, sent: Payload, source: str) -> Link | None:
+    """The link a report of 2 or more processes used: the ring's bytes over its communication time
+    per step (NCCL kernels on GPUs, all-reduce ranges on a CPU run), after its messages' latency.
+    None for a report of one process, or of one process driving every GPU, or without the time."""
+    default = P2P_LINK if split.gpu else CPU_LINK
+    n = split.devices if split.gpu else split.processes
+    if n < 2 or split.processes < n or not split.gpu and not split.comm:
+        return None
+    if split.gpu:
+        nccl = max(((g.get("nccl_kernel_s") or 0.0) for g in summary.get("gpus") or ()), default=0.0)
+        seconds = nccl / (split.steps_per_epoch * split.epochs)
+    else:
+        seconds = split.comm or 0.0
+    if not seconds:
+        return None
+    latency = default.latency_us / 1e6 * ring_messages(n, sent.buckets, sent.per_bucket) / sent.buckets
+    wire = seconds - latency
+    if wire <= 0:
+        return Link(math.inf, default.latency_us, f"{source}: latency-bound")
+    return Link(ring_share(n) * sent.mb * 1e6 * 8 / wire / 1e9 * BETA, default.latency_us, source)
+
+
+def parse_link(text: str) -> Link:
+    try:
+        gbit, latency = (float(v) for v in text.split(","))
+    except ValueError:
+        gbit = latency = -1.0
+    if not (gbit > 0 and latency >= 0 and math.isfinite(gbit + latency)):
+        raise UserError(f"--link {text!r} is not RATE,LATENCY or a .summary.json; write the rate in Gbit/s and "
+                        "the latency in microseconds per message, e.g. --link 100,10, or pass the summary of a "
+                        "report of 2 or more GPUs of the same machine")
+    return Link(gbit, latency)

@@ -1,0 +1,115 @@
+"""Each part of a split step (step.py) scaled to n GPUs (or CPU processes), per mode.
+
+- the wait for data: the loaders' cores. Each process's loader uses its workers' cores (1, the
+  rank's own thread, without workers); n processes use n times that, up to the host's cores
+  (machine.py): past them the wait stops shrinking. dp (one process) keeps it; on a CPU run the
+  loaders and the ranks share the same cores, so it stays.
+- the host's work stays; the GPU's busy time splits over the GPUs; on a CPU run the compute of n
+  ranks is what reports of this machine measured at n (`cpu_factors`), else held, and said so.
+- communication rides the link: ddp's ring all-reduce (comm_model.exchange_s) of what its comm
+  hook sends, hidden behind backward where it can be; dp's broadcast of the parameters and
+  gather of the gradients, one GPU to each other in turn; pp none: its stages pass activations
+  (not modelled), and its pipeline span follows the bubble, (M + W - 1) micro-batch slots of 1/W
+  of the work each (bubble.py).
+At the report's own count every term is the measured one, so the step is the measured step.
+"""
+from dataclasses import dataclass
+
+from .comm_model import exchange_s, line_time, ring_messages, ring_share, step_s
+from .links import BETA, Link, Payload
+from .step import Split, bound_of, step_of
+
+POWER = 4.0  # how the CPU's and the wire's bounds add: every quiet bench.comm fit chose 4 (docs/COMM.md)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a prediction needs beside the split: the mode's shape, the link, what a step sends,
+    the machine block and, on a CPU run, the compute factor measured at each count."""
+    mode: str  # "dp" (one process), "pp" (stages) or "ddp" (a rank per GPU: ddp, ddp_dali, fsdp)
+    link: Link
+    sent: Payload
+    machine: dict
+    cpu_factors: dict
+
+
+def loader_cores(processes: int, machine: dict) -> float:
+    per = max(1.0, machine.get("loader_workers") or 1.0)
+    cores = machine.get("cpu_cores")
+    return min(processes * per, cores) if cores else processes * per
+
+
+def comm_at(split: Split, n: int, s: Setting) -> float:
+    """All-reduce seconds per step at n processes; at the report's own count, its own."""
+    if n == split.processes and split.comm is not None:
+        return split.comm
+    floor = split.comm if (split.comm is not None and split.processes == 1) else 0.0
+    if n < 2:
+        return floor
+    link = s.link
+    wire = BETA * line_time(ring_share(n) * s.sent.mb * 1e6, link.gbit * 1e3) if link.gbit != float("inf") else 0.0
+    return exchange_s(floor, wire, ring_messages(n, s.sent.buckets, s.sent.per_bucket), s.sent.buckets,
+                      link.latency_us / 1e6, POWER)
+
+
+def dp_exchange(gpus: int, s: Setting) -> float:
+    """dp's parameters out to each other GPU and their gradients back, in turn over the link."""
+    if s.link.gbit == float("inf"):
+        return 0.0
+    return line_time(2 * (gpus - 1) * s.sent.mb * 1e6, s.link.gbit * 1e3)
+
+
+def pipeline_ratio(split: Split, n: int) -> float:
+    """pp's pipeline span at n stages over the report's: (M + W - 1) / W slots of the whole work."""
+    pipe = split.pipeline or {}
+    m, w0 = pipe.get("microbatches", 1), pipe.get("stages", split.processes)
+    return ((m + n - 1) / n) / ((m + w0 - 1) / w0)
+
+
+def predict(split: Split, n: int, s: Setting) -> dict:
+    """The epoch at n GPUs (or CPU processes): the step's terms, the epoch, the epoch with a
+    loader that keeps up, and the bound (step.bound_of)."""
+    own = split.devices if split.gpu else split.processes
+    processes = 1 if s.mode == "dp" else n
+    if split.gpu:
+        wait = split.wait * loader_cores(split.processes, s.machine) / loader_cores(processes, s.machine)
+        work = {"host": split.host, "device": split.busy * own / n}
+    else:
+        wait = split.wait  # dp on a CPU is one process at any count: nothing of it changes
+        factor = s.cpu_factors.get(n, 1.0) if n != own and s.mode != "dp" else 1.0
+        work = {"cores": split.busy * factor}
+    link = split.exposed
+    if s.mode == "pp":  # its first stage loads every batch; the stages' work follows the bubble
+        wait, ratio = split.wait, pipeline_ratio(split, n)
+        work = {"host": split.host * ratio, "device": split.busy * ratio} if split.gpu else {"cores": split.busy * ratio}
+        comm = 0.0
+    elif s.mode == "dp" and not split.gpu:
+        comm = 0.0
+    elif s.mode == "dp":
+        extra = dp_exchange(n, s) - dp_exchange(own, s)
+        link += max(0.0, extra)
+        work = {k: max(0.0, v + min(0.0, extra)) for k, v in work.items()}
+        comm = dp_exchange(n, s)
+    else:
+        comm = comm_at(split, processes, s)
+        scale = (work.get("device", work.get("cores", 0.0)) / split.busy) if split.busy else 1.0
+        window = ((split.comm - split.exposed) if split.comm is not None
+                  else split.compute_share * split.busy) * scale
+        link = split.exposed if n == own else step_s(0.0, comm, window)
+    terms = {"loader": wait, "link": link, **work}
+    step, keeps_up = step_of(terms, split.gpu)
+    return {"count": n, "processes": processes, "step_ms": step * 1e3, "epoch_s": step * split.steps_per_epoch,
+            "keeps_up_epoch_s": keeps_up * split.steps_per_epoch, "terms_ms": {k: v * 1e3 for k, v in terms.items()},
+            "comm_ms": comm * 1e3, "bound": bound_of(terms)}
+
+
+def cpu_factors(others: dict[str, dict[int, Split]], own: int) -> dict[int, float]:
+    """count -> the compute per step there over the compute at `own`, measured by other modes' reports
+    of the same machine (mode -> count -> split; each at both counts), the median over them."""
+    out = {}
+    for n in sorted({c for by in others.values() for c in by} - {own}):
+        ratios = sorted(by[n].busy / by[own].busy for by in others.values() if n in by and own in by and by[own].busy)
+        if ratios:
+            mid = len(ratios) // 2
+            out[n] = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return out

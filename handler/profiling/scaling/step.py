@@ -1,0 +1,116 @@
+"""One split of a training step by the resource each part runs on, from a summary JSON.
+
+The lab page's verdict (lab/page.py), the what-if (whatif.py), compare's predictions and
+the lab page's what-if section all read a report through `split_of`, and name what bounds a
+step with `bound_of`, so they cannot disagree. The wait for data is whatever the naming
+convention (conventions.py) put there: the time between the step ranges (the kit's loop
+fetches its batch there) plus the `data` and `h2d` phases inside them (ours fetches inside
+`batch i`). Only complete epochs count: a run killed inside an epoch never closes its range,
+and analysis.loop_stats counts the steps of the closed epochs alone.
+"""
+from dataclasses import dataclass
+
+from handler.runtime.errors import UserError
+from handler.runtime.names import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER
+
+GPU_BOUND = 0.8  # a GPU busy this share of the host's work inside the step: that work is the wait for it
+# What bounds a step, in the words the verdict and the what-if both print (docs/PROFILING.md).
+BOUNDS = {"loader": "loader-bound", "host": "host-bound", "device": "GPU-bound", "cores": "CPU-bound",
+          "link": "link-bound"}
+RESOURCES = {"loader-bound": "the wait for data: the host's CPU cores running the loaders",
+             "host-bound": "the host's work inside the step: launching kernels, Python",
+             "GPU-bound": "the GPU's compute", "CPU-bound": "the host's cores computing (no GPU ran)",
+             "link-bound": "the exposed communication: the all-reduce (dp: its broadcast and gather)"}
+
+
+@dataclass(frozen=True)
+class Split:
+    """The slowest rank's step over its complete epochs (seconds per step). At the report's own
+    count wait + host + exposed is the measured step, and the GPU's busy time fits inside it."""
+    processes: int
+    devices: int  # GPUs that ran kernels, or the processes of a CPU run
+    gpu: bool
+    epochs: int
+    steps_per_epoch: float
+    step: float  # measured: the complete epochs over their steps
+    wait: float  # the wait for data: between the steps, plus `data` and `h2d` inside them
+    host: float  # inside the steps, less the wait and the exposed communication
+    busy: float  # the busiest GPU's compute per step; the host work on a CPU run
+    comm: float | None  # communication per step measured (all-reduce ranges or NCCL kernels); None: none
+    exposed: float  # the part of it no compute hid
+    buckets: int | None  # the all-reduce's buckets, where the report counted them
+    compute_share: float  # backward's share of forward + backward + optimizer: the window behind it
+    pipeline: dict | None  # pp: {"stages", "microbatches", "span"} (span per step, s); None otherwise
+
+
+def split_of(summary: dict) -> Split:
+    """UserError when no rank has a complete epoch with steps in it."""
+    ranks = summary.get("ranks") or []
+    usable = [r for r in ranks if _complete(r.get("loop") or {})]
+    if not usable:
+        raise UserError("the report has no complete epoch with training steps (a run stopped inside its first "
+                        "epoch never closes the epoch's range); profile a run that finishes at least one epoch")
+    rank = max(usable, key=lambda r: r["loop"]["epochs_s"])
+    loop = rank["loop"]
+    steps, epochs = loop["steps"], loop["epochs"]
+    step = loop["epochs_s"] / steps
+    phase = {k: (v or 0.0) / 1e3 for k, v in (loop.get("phase_ms") or {}).items()}
+    inside = min(step, (loop.get("inside_steps_ms") or 0.0) / 1e3)
+    fetch = min(inside, phase.get(DATA, 0.0) + phase.get(H2D, 0.0))
+    comm_stats = rank.get("comm") or {}
+    comm = comm_stats["seconds"] / steps if comm_stats.get("seconds") else None
+    exposed = min(inside - fetch, (comm_stats.get("exposed_s") or 0.0) / steps)
+    wait, host = step - inside + fetch, inside - fetch - exposed
+    gpus = summary.get("gpus") or []
+    shares = [(g.get("compute_busy_share") if g.get("compute_busy_share") is not None else g.get("kernel_busy_share"),
+               g.get("epochs_s")) for g in gpus]
+    busy_s = [s * (e or loop["epochs_s"]) / steps for s, e in shares if s is not None]
+    # the GPU's compute and the exposed communication share the step: its busy time fits beside it
+    busy = min(max(busy_s), step - exposed) if busy_s else host
+    compute = sum(phase.get(p, 0.0) for p in (FORWARD, BACKWARD, OPTIMIZER))
+    return Split(processes=len(ranks), devices=len(gpus) or len(ranks), gpu=bool(busy_s), epochs=epochs,
+                 steps_per_epoch=steps / epochs, step=step, wait=wait, host=host, busy=busy, comm=comm,
+                 exposed=exposed, buckets=comm_stats.get("buckets") or None,
+                 compute_share=phase.get(BACKWARD, 0.0) / compute if compute else 0.0,
+                 pipeline=_pipeline(ranks, steps))
+
+
+def _complete(loop: dict) -> bool:
+    return bool(loop.get("epochs") and loop.get("steps") and loop.get("epochs_s"))
+
+
+def _pipeline(ranks: list[dict], steps: int) -> dict | None:
+    """pp's stages and micro-batches (M from the theoretical bubble (W-1)/(M+W-1)) and the
+    longest stage's pipeline span per step."""
+    stages = [r["pipeline"] for r in ranks if r.get("pipeline")]
+    if not stages:
+        return None
+    count, theory = len(stages), stages[0].get("theoretical_bubble_share") or 0.0
+    microbatches = round((count - 1) * (1 - theory) / theory) if theory else 1
+    return {"stages": count, "microbatches": max(1, microbatches),
+            "span": max((s.get("span_s") or 0.0) for s in stages) / steps}
+
+
+def bound_of(terms: dict) -> str:
+    """The largest part of a step, in the verdict's and the what-if's words. terms: loader,
+    link, and host and device (GPU runs) or cores (CPU runs). A GPU busy GPU_BOUND of the host's
+    work or more is the bound where that work is: the host then mostly waits for it."""
+    work = "cores" if "cores" in terms else "device" if terms["device"] >= GPU_BOUND * terms["host"] else "host"
+    candidates = {"loader": terms["loader"], "link": terms["link"],
+                  work: terms[work] if work == "cores" else max(terms["host"], terms["device"])}
+    return BOUNDS[max(candidates, key=lambda k: candidates[k])]
+
+
+def step_of(terms: dict, gpu: bool) -> tuple[float, float]:
+    """(step, step with a loader that keeps up). The GPU runs while the host loads and launches:
+    the longer of the two; one host's cores do it all in turn on a CPU run."""
+    if gpu:
+        return (max(terms["loader"] + terms["host"], terms["device"]) + terms["link"],
+                max(terms["host"], terms["device"]) + terms["link"])
+    return terms["loader"] + terms["cores"] + terms["link"], terms["cores"] + terms["link"]
+
+
+def own_terms(split: Split) -> dict:
+    """The terms at the report's own count, as measured."""
+    work = {"host": split.host, "device": split.busy} if split.gpu else {"cores": split.busy}
+    return {"loader": split.wait, "link": split.exposed, **work}
