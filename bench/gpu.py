@@ -59,7 +59,7 @@ def report(results: dict) -> str:
 
 def precision_args() -> list:
     """bf16 only where the GPU runs it natively: emulated bf16 would time the emulation."""
-    from handler.runtime.gpu_precision import native_bf16
+    from handler.runtime.precision.gpu import native_bf16
     return (["--amp", "bf16"] if native_bf16(1) else []) + ["--channels-last"]
 
 

@@ -110,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: this process and every launch on the CPU
     from handler.runtime.cuda_build import ask_smi, gpus_hidden
     from handler.runtime.devices import cuda_status
-    from handler.runtime.gpu_precision import native_bf16
+    from handler.runtime.precision.gpu import native_bf16
     gpus, why = (REHEARSAL_GPUS, "") if args.rehearse else cuda_status()
     driver = "" if gpus or gpus_hidden() else ask_smi().broken_driver
     if driver:

@@ -75,7 +75,7 @@ def driver(mode: str, skip: str = "") -> Check:
 def plan(gpus: int, *, dali: bool, nsys: bool, pytest_ok: bool, tests: bool = True, bf16: bool = True) -> List[Check]:
     """The checks for a machine with `gpus` visible GPUs; what cannot run carries its reason."""
     no_dali = "" if dali else "NVIDIA DALI is not installed"
-    no_bf16 = "" if bf16 else "this GPU has no native bf16 (compute capability below 8.0; handler/runtime/gpu_precision.py)"
+    no_bf16 = "" if bf16 else "this GPU has no native bf16 (compute capability below 8.0; handler/runtime/precision/gpu.py)"
     no_pytest = "" if pytest_ok else "pytest is not installed"
     checks = [Check("gpu-marked tests", "pytest", ("-m", GPU_TESTS, "tests", "-k",
                                                    f"not {ONE_GPU_MODES_TEST} and not {SIGSTOP_TEST}"),

@@ -134,14 +134,18 @@ def lab_section(rows: list[dict]) -> list[str]:
     the fewest GPUs, every count of the matrix beside the measured ones; the GPU link from the
     folder's own reports of 2 or more GPUs, and a CPU run's compute at n from other modes' reports."""
     lines = ["", "## What-if: the next run, predicted", "", ASSUMPTIONS, "", *bounds_legend(), ""]
-    summaries = {id(r): _summary_of(r) for r in rows}
-    splits: dict[str, dict[int, Split]] = {}
-    for r in rows:
-        try:
-            splits.setdefault(r["mode"], {})[r["gpus"]] = split_of(summaries[id(r)])
-        except UserError:
-            continue
-    link = _folder_link(rows, summaries, splits)
+    try:
+        summaries = {id(r): _summary_of(r) for r in rows}
+        splits: dict[str, dict[int, Split]] = {}
+        for r in rows:
+            try:
+                splits.setdefault(r["mode"], {})[r["gpus"]] = split_of(summaries[id(r)])
+            except UserError:
+                continue
+        link = _folder_link(rows, summaries, splits)
+    except Exception as err:  # what the folder's reports say of the machine; never the page
+        return [*lines, f"No prediction: the what-if could not read the machine from these reports "
+                        f"({type(err).__name__}: {err}); the rest of the page stands.", ""]
     for mode in sorted({r["mode"] for r in rows}):
         mine = [r for r in rows if r["mode"] == mode]
         base = min(mine, key=lambda r: r["gpus"])

@@ -21,7 +21,7 @@ from ..data.dataset import load_splits
 from ..data.loaders import Loaders
 from ..runtime import dist, rank0
 from ..runtime.cpu_memory import keep_freed_memory
-from ..runtime.cpu_precision import bf16_note
+from ..runtime.precision.cpu import bf16_note
 from ..runtime.errors import UserError
 from ..runtime.names import HOST, RANK
 from ..runtime.nvtx import nvtx_mark, profiler_attached

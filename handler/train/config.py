@@ -263,7 +263,7 @@ def _refuse_emulated_bf16(cfg: Config, mode: Mode) -> None:
     fp16, or off where the mode refuses fp16 too (its own rules decide)."""
     if cfg.amp != "bf16" or not cfg.use_cuda:
         return
-    from ..runtime.gpu_precision import bf16_refusal
+    from ..runtime.precision.gpu import bf16_refusal
     refusal = bf16_refusal(cfg.num_gpu)  # the devices this node uses
     if refusal:
         try:

@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from handler.runtime import cpu_memory, cpu_precision
+from handler.runtime import cpu_memory
+from handler.runtime.precision import cpu as cpu_precision
 from handler.runtime.errors import UserError, one_line_errors
 from handler.runtime.umask import apply_user_umask
 from handler.train.checkpoint import FORMAT, PlainState, load_checkpoint, save_atomic

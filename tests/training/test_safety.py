@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from handler.runtime import cpu_precision
+from handler.runtime.precision import cpu as cpu_precision
 from handler.train.divergence import Diverged, DivergenceGuard
 from tests.conftest import SMALL, error_lines, read_metrics, run_cli
 

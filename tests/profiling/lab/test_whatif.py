@@ -403,7 +403,7 @@ def test_the_lab_page_reads_the_runs_hook_and_workers_from_its_metrics_without_i
     (folder / "gpu_2.metrics.json").write_text(json.dumps({"config": {
         "mode": "ddp", "num_gpu": 2, "model": "resnet18", "comm_hook": "fp16", "bucket_cap_mb": 25.0,
         "powersgd_rank": 2, "workers": 3}, "env": {"cpu_cores": 16, "torch_threads": 8}}))
-    code = ("import sys; from pathlib import Path; from handler.profiling.lab.page import lab_reports, write_lab; "
+    code = ("import sys; from pathlib import Path; from handler.profiling.lab.cells import lab_reports; from handler.profiling.lab.page import write_lab; "
             "page = write_lab(lab_reports([Path(sys.argv[1])]), Path(sys.argv[2])); print(page); "
             "print('torch imported' if 'torch' in sys.modules else 'no torch')")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(tmp_path / "lab")], cwd=REPO,
