@@ -275,7 +275,8 @@ def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, k
     load_checkpoint(str(tmp_path / "last.pt"), "cpu")
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "Ctrl-C to the process group"])
+# SIGTERM to the launcher (twice the time of Ctrl-C): CI's slow step (pytest.ini).
+@pytest.mark.parametrize("how", [pytest.param("SIGTERM to the launcher", marks=pytest.mark.slow), "Ctrl-C to the process group"])
 def test_signal_stops_all_ranks_at_a_step_with_a_checkpoint(how, data_root, tmp_path, killer_cleanup):
     # 2 epochs: the stop lands in the last one, and the resume finishes it.
     args = ["--mode", "ddp", "--data", data_root, "--ckpt", tmp_path, "--epochs", 2, *LONG]
@@ -304,6 +305,7 @@ def test_signal_stops_all_ranks_at_a_step_with_a_checkpoint(how, data_root, tmp_
         assert m["epochs"][1].get("resumed_at_step", 0) == ckpt["step"]
 
 
+@pytest.mark.slow  # torchrun restarts the whole job once: CI's slow step (pytest.ini)
 def test_elastic_restart_resumes_from_the_last_checkpoint_and_completes(data_root, tmp_path, killer_cleanup):
     # Elastic jobs rendezvous through c10d: each restart round gets fresh keys.
     proc = start(["--nproc_per_node=2", "--max-restarts=1", "--rdzv-backend=c10d",

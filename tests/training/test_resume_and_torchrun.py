@@ -38,6 +38,7 @@ def test_two_epochs_straight_equal_one_epoch_then_resume_bit_for_bit(mode, two_e
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
+@pytest.mark.slow  # two torchrun launchers for one check: CI's slow step (pytest.ini)
 def test_torchrun_two_nodes_on_loopback_train_together(data_root, tmp_path):
     port = free_port()
     nodes = []
