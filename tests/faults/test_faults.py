@@ -167,6 +167,7 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
     assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
 
 
+@pytest.mark.slow  # a 2-rank run waited out for one check: CI's slow step (pytest.ini)
 def test_a_killed_fork_server_stops_the_ranks_with_sigint_and_they_save_before_the_launcher_exits(
         data_root, tmp_path, killer_cleanup):
     """The ranks' parent-death signal (torch's spawn wrapper sets SIGINT) is their stop request:
@@ -189,6 +190,7 @@ def test_a_killed_fork_server_stops_the_ranks_with_sigint_and_they_save_before_t
     assert ckpt["epoch"] >= 1 and ckpt["step"] > 0  # saved mid-epoch, at the stop
 
 
+@pytest.mark.slow  # a 2-rank run for one check: CI's slow step (pytest.ini)
 def test_a_rank_killed_by_a_signal_is_named_even_when_its_peer_exits_first(tmp_path):
     """The killed rank is the cause, whichever of the two ranks torch's join reports first
     (regression: a peer that exited 2 in the same instant hid it, and nothing named it)."""
@@ -260,6 +262,7 @@ def test_cpu_ranks_fork_from_a_server_except_under_a_profiler(env, use_cuda, exp
     assert start_method(use_cuda) == expected
 
 
+@pytest.mark.slow  # a torchrun job for one check: CI's slow step (pytest.ini)
 def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, killer_cleanup):
     proc = start(["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
                   ROOT / "train_cifar.py", "--mode", "ddp", "--data", data_root, "--ckpt", tmp_path,

@@ -166,6 +166,7 @@ def test_a_diverged_loss_stops_the_epoch_at_the_next_check_not_at_its_end():
     assert loader.taken == CHECK_EVERY < len(loader)
 
 
+@pytest.mark.slow  # pp measures its time split before it refuses (10 s alone, 28 s in the suite): CI's slow step (pytest.ini)
 def test_a_pp_split_with_no_full_batch_per_process_is_one_line(tmp_path):
     # pp drops the last partial batch (fixed micro-batch shapes): 12 images never fill 16.
     proc = run_cli(["--mode", "pp", "--num_gpu", 1, "--dataset", "synthetic", "--synthetic-train", 12,
@@ -205,6 +206,7 @@ def test_a_loader_pass_short_of_its_images_fails_the_bench():
         timed_pass("short", loader, torch.device("cpu"), 4)()
 
 
+@pytest.mark.slow  # a 2-rank fsdp run for one check: CI's slow step (pytest.ini)
 def test_fsdp_evaluates_a_test_set_whose_shards_differ_by_a_batch(tmp_path):
     # 33 test images over 2 ranks of 16: rank 0 has two batches, rank 1 one; FSDP's forward
     # is a collective, so rank 1 runs a dummy forward (counted nowhere) beside rank 0's second.

@@ -243,6 +243,7 @@ def test_pp_stops_and_resumes_bit_exact_across_splits_and_shares_checkpoints_wit
     assert test_pp["loss"] == pytest.approx(test_ddp["loss"], abs=1e-6)
 
 
+@pytest.mark.slow  # first_epoch, shared there with the bit-exact resume: CI's slow step (pytest.ini)
 def test_profiled_two_stage_run_reports_measured_and_theoretical_bubble(first_epoch):
     folder, report = first_epoch
     if report is None:

@@ -13,8 +13,8 @@ from tests.conftest import (free_port, N_TEST, ROOT, SLACK, SMALL, hung, kill_gr
 ONE_EPOCH = ["--epochs", 1, "--batch-size", 64, "--valid-size", 100, *SMALL]
 
 
-# fsdp: CI's slow step (pytest.ini); ddp's resume stays in the main suite.
-@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two runs of their own beside the shared straight one: CI's slow step (pytest.ini)
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_epochs_straight_equal_one_epoch_then_resume_bit_for_bit(mode, two_epoch_run, data_root, tmp_path):
     _, straight = two_epoch_run(mode)  # the run test_training_modes checks
     split = tmp_path / "split"
