@@ -46,7 +46,6 @@ def train(tmp_path, tree, *extra):
     return proc, json.loads(metrics.read_text()) if metrics.exists() else None
 
 
-@pytest.mark.slow  # a training run on a PNG tree for one check: CI's slow step (pytest.ini)
 def test_the_kits_command_on_a_small_tree_holds_out_a_tenth_and_says_so(tmp_path):
     tree = write_tree(tmp_path / "tree")
     proc, metrics = train(tmp_path, tree)

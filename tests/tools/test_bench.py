@@ -119,6 +119,7 @@ def test_nvtx_overhead_quick_reports_per_range_costs(tmp_path):
 
 
 
+@pytest.mark.slow  # a plain and a profiled run for one check: CI's slow step (pytest.ini)
 def test_the_nsys_comparison_times_a_plain_and_a_profiled_run():
     # The full bench's last part (skipped by --quick): the same small run with and without nsys.
     from types import SimpleNamespace

@@ -166,7 +166,6 @@ def test_a_diverged_loss_stops_the_epoch_at_the_next_check_not_at_its_end():
     assert loader.taken == CHECK_EVERY < len(loader)
 
 
-@pytest.mark.slow  # pp measures its time split before it refuses (10 s alone, 28 s in the suite): CI's slow step (pytest.ini)
 def test_a_pp_split_with_no_full_batch_per_process_is_one_line(tmp_path):
     # pp drops the last partial batch (fixed micro-batch shapes): 12 images never fill 16.
     proc = run_cli(["--mode", "pp", "--num_gpu", 1, "--dataset", "synthetic", "--synthetic-train", 12,
