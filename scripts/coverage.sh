@@ -7,9 +7,10 @@
 #   bash scripts/coverage.sh --ci-steps [pytest args]      every CI step that runs here
 #   bash scripts/coverage.sh --steps rehearsal,cluster     only these steps, kept beside the others
 #
-# Pytest args go to the steps that run pytest (main, cluster), e.g. `--steps cluster -k net`.
+# Pytest args go to the steps that run pytest (main, slow, cluster), e.g. `--steps cluster -k net`.
 # Steps (.ci/run): `main` (scripts/test.sh's pytest), `rehearsal`
-# (the whole `scripts/gpu_check.sh --rehearse`) and `cluster` (scripts/test_cluster.sh, under
+# (the whole `scripts/gpu_check.sh --rehearse`), `slow` (scripts/test_slow.sh's pytest: the
+# tests marked `slow`) and `cluster` (scripts/test_cluster.sh, under
 # `flock /tmp/cluster.lock`; it needs root and the Slurm tools). CI's old-torch smoke is never
 # measured: it runs in its own venv on torch 2.6, without coverage.py.
 # Each step keeps its data in .coverage-data/STEP/ (with STEP/step.txt: when, how long, exit
@@ -21,13 +22,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=main
 case "${1:-}" in
-    --ci-steps) steps=main,rehearsal,cluster; shift ;;
+    --ci-steps) steps=main,rehearsal,slow,cluster; shift ;;
     --steps) steps="${2:?--steps needs a list, e.g. main,rehearsal}"; shift 2 ;;
 esac
 for step in ${steps//,/ }; do
     case "$step" in
-        main|rehearsal|cluster) ;;
-        *) echo "coverage: unknown step '$step'; choose from main, rehearsal, cluster" >&2; exit 2 ;;
+        main|rehearsal|slow|cluster) ;;
+        *) echo "coverage: unknown step '$step'; choose from main, rehearsal, slow, cluster" >&2; exit 2 ;;
     esac
 done
 bash scripts/setup.sh requirements-test.txt
@@ -59,8 +60,11 @@ for step in ${steps//,/ }; do
     case "$step" in
         # Two xdist workers, as scripts/test.sh runs it (TEST_WORKERS=N to change). Coverage
         # slows every line, so a test near its time budget may fail here.
-        main) measure main run .venv/bin/python -m coverage run -m pytest -p no:cacheprovider \
-                  -n "${TEST_WORKERS:-2}" --dist loadgroup -q "$@" ;;
+        # `slow` the same with `-m slow`, as scripts/test_slow.sh runs it.
+        main|slow)
+            marker=(); [ "$step" = main ] || marker=(-m slow)
+            measure "$step" run .venv/bin/python -m coverage run -m pytest -p no:cacheprovider "${marker[@]}" \
+                -n "${TEST_WORKERS:-2}" --dist loadgroup -q "$@" ;;
         rehearsal)
             out="$(mktemp -d)"
             measure rehearsal env env PYTHON=.venv/bin/python bash scripts/gpu_check.sh --rehearse --out "$out"

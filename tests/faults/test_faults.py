@@ -167,6 +167,7 @@ def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_
     assert load_checkpoint(str(tmp_path / "last.pt"), "cpu")["epoch"] >= 1
 
 
+@pytest.mark.slow  # a 2-rank run waited out for one check: CI's slow step (pytest.ini)
 def test_a_killed_fork_server_stops_the_ranks_with_sigint_and_they_save_before_the_launcher_exits(
         data_root, tmp_path, killer_cleanup):
     """The ranks' parent-death signal (torch's spawn wrapper sets SIGINT) is their stop request:
@@ -189,6 +190,7 @@ def test_a_killed_fork_server_stops_the_ranks_with_sigint_and_they_save_before_t
     assert ckpt["epoch"] >= 1 and ckpt["step"] > 0  # saved mid-epoch, at the stop
 
 
+@pytest.mark.slow  # a 2-rank run for one check: CI's slow step (pytest.ini)
 def test_a_rank_killed_by_a_signal_is_named_even_when_its_peer_exits_first(tmp_path):
     """The killed rank is the cause, whichever of the two ranks torch's join reports first
     (regression: a peer that exited 2 in the same instant hid it, and nothing named it)."""
@@ -260,6 +262,7 @@ def test_cpu_ranks_fork_from_a_server_except_under_a_profiler(env, use_cuda, exp
     assert start_method(use_cuda) == expected
 
 
+@pytest.mark.slow  # a torchrun job for one check: CI's slow step (pytest.ini)
 def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, killer_cleanup):
     proc = start(["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
                   ROOT / "train_cifar.py", "--mode", "ddp", "--data", data_root, "--ckpt", tmp_path,
@@ -275,7 +278,8 @@ def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, k
     load_checkpoint(str(tmp_path / "last.pt"), "cpu")
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "Ctrl-C to the process group"])
+# SIGTERM to the launcher (twice the time of Ctrl-C): CI's slow step (pytest.ini).
+@pytest.mark.parametrize("how", [pytest.param("SIGTERM to the launcher", marks=pytest.mark.slow), "Ctrl-C to the process group"])
 def test_signal_stops_all_ranks_at_a_step_with_a_checkpoint(how, data_root, tmp_path, killer_cleanup):
     # 2 epochs: the stop lands in the last one, and the resume finishes it.
     args = ["--mode", "ddp", "--data", data_root, "--ckpt", tmp_path, "--epochs", 2, *LONG]
@@ -304,6 +308,7 @@ def test_signal_stops_all_ranks_at_a_step_with_a_checkpoint(how, data_root, tmp_
         assert m["epochs"][1].get("resumed_at_step", 0) == ckpt["step"]
 
 
+@pytest.mark.slow  # torchrun restarts the whole job once: CI's slow step (pytest.ini)
 def test_elastic_restart_resumes_from_the_last_checkpoint_and_completes(data_root, tmp_path, killer_cleanup):
     # Elastic jobs rendezvous through c10d: each restart round gets fresh keys.
     proc = start(["--nproc_per_node=2", "--max-restarts=1", "--rdzv-backend=c10d",

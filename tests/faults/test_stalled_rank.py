@@ -86,6 +86,7 @@ def stalled_loader_run(data_root, tmp_path, procs: list, start_budget: float) ->
     return output(proc)
 
 
+@pytest.mark.slow  # waits out a --dist-timeout of 6 s on 2 ranks: CI's slow step (pytest.ini)
 def test_a_rank_whose_loader_worker_is_stopped_is_named_with_its_phase_in_one_line(
         data_root, tmp_path, killer_cleanup):
     stalled_loader_run(data_root, tmp_path, killer_cleanup, start_budget=15)

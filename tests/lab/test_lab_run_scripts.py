@@ -6,6 +6,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import ROOT, run_process
 from tests.lab.test_lab_kit import identity_images
@@ -25,6 +26,7 @@ def write_tree(root):
     (root / "valid").mkdir()
 
 
+@pytest.mark.slow  # a training run through the kit's script for one check: CI's slow step (pytest.ini)
 def test_the_kits_run_script_trains_on_data_dir_and_writes_the_kits_layout(tmp_path):
     for name in ("scripts", "handler", "models", "train_cifar.py"):  # a checkout whose outputs land in tmp_path
         os.symlink(ROOT / name, tmp_path / name)

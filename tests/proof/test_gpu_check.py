@@ -265,8 +265,9 @@ def sigstop_test_is_here() -> bool:
     return any(f"def {gpu_check.SIGSTOP_TEST}(" in path.read_text() for path in files)
 
 
-# The main suite runs the first part only (the whole rehearsal costs about 140 s of both
-# cores); .ci/run runs the whole of it as its own step: bash scripts/gpu_check.sh --rehearse.
+# The first part only (the whole rehearsal costs about 140 s of both cores), in CI's slow step
+# (pytest.ini); .ci/run runs the whole of it as its own step: bash scripts/gpu_check.sh --rehearse.
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1])
 def test_the_rehearsal_runs_its_part_of_the_gpu_plan_on_this_cpu_end_to_end(k, tmp_path):
     # The whole rehearsal, in parts so that no test runs long: the real gpu_check.sh,

@@ -53,6 +53,7 @@ def test_overhead_bench_compares_the_harness_loop_to_a_bare_loop(tmp_path):
     assert data["steps_per_block"] >= data["steps"] and data["block_s"] > 0
 
 
+@pytest.mark.slow  # three bench runs for one check: CI's slow step (pytest.ini)
 def test_ddp_scaling_bench_measures_three_configurations_and_the_no_allreduce_ceiling(tmp_path):
     data = run_bench("ddp_scaling", tmp_path)
     assert set(data["images_per_s"]) == {"1 rank x 1 thread", "2 ranks x 1 thread", "1 rank x 2 threads",
@@ -118,6 +119,7 @@ def test_nvtx_overhead_quick_reports_per_range_costs(tmp_path):
 
 
 
+@pytest.mark.slow  # a plain and a profiled run for one check: CI's slow step (pytest.ini)
 def test_the_nsys_comparison_times_a_plain_and_a_profiled_run():
     # The full bench's last part (skipped by --quick): the same small run with and without nsys.
     from types import SimpleNamespace

@@ -128,4 +128,4 @@ def test_coverage_sh_refuses_an_unknown_step_in_one_line_before_running_anything
     done = subprocess.run(["bash", str(ROOT / "scripts" / "coverage.sh"), "--steps", "main,nope"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["coverage: unknown step 'nope'; choose from main, rehearsal, cluster"]
+    assert done.stderr.strip().splitlines() == ["coverage: unknown step 'nope'; choose from main, rehearsal, slow, cluster"]

@@ -182,6 +182,7 @@ def windowed(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow  # two 4-epoch profiled runs for 3 checks: CI's slow step
 def test_a_window_1_2_report_holds_exactly_epochs_1_and_2_on_every_rank(windowed):
     run, logs = windowed["1:2"]
     summary = json.loads((logs / f"ddp_cpu{RANKS}.summary.json").read_text())
@@ -195,6 +196,7 @@ def test_a_window_1_2_report_holds_exactly_epochs_1_and_2_on_every_rank(windowed
     assert "profiling epochs 1-2 of 4" in run.stdout
 
 
+@pytest.mark.slow  # two 4-epoch profiled runs for 3 checks: CI's slow step
 def test_a_windowed_run_still_has_every_epoch_in_its_metrics(windowed):
     _, logs = windowed["1:2"]
     metrics = json.loads((logs / f"ddp_cpu{RANKS}.metrics.json").read_text())
@@ -204,6 +206,7 @@ def test_a_windowed_run_still_has_every_epoch_in_its_metrics(windowed):
     assert [o["epoch"] for o in outside] == [0, 3] and all(o["metrics_s"] > 0 for o in outside)
 
 
+@pytest.mark.slow  # two 4-epoch profiled runs for 3 checks: CI's slow step
 def test_a_windowed_report_is_much_smaller_than_a_whole_capture(windowed):
     window, whole = (windowed[w][1] / f"ddp_cpu{RANKS}.nsys-rep" for w in ("1:2", "all"))
     summary = json.loads((windowed["all"][1] / f"ddp_cpu{RANKS}.summary.json").read_text())

@@ -212,6 +212,7 @@ def test_a_profiled_run_under_umask_000_leaves_nothing_world_writable(tmp_path, 
     assert world_writable(out) == []
 
 
+@pytest.mark.slow  # a profiled run for one check: CI's slow step (pytest.ini)
 def test_a_run_profiled_by_the_real_nsys_leaves_nothing_world_writable(tmp_path):
     require_nsys()
     with one_at_a_time("nsys"):

@@ -276,6 +276,7 @@ def hook_run(data_root, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow  # a two-epoch run per hook for one check each: CI's slow step (pytest.ini)
 @pytest.mark.parametrize("hook", ["powersgd", "bf16"])
 def test_compressed_hooks_learn_as_well_as_plain_allreduce(hook, hook_run, two_epoch_run):
     _, plain = two_epoch_run("ddp")
@@ -287,6 +288,7 @@ def test_compressed_hooks_learn_as_well_as_plain_allreduce(hook, hook_run, two_e
     assert abs(m["test"]["acc"] - base["test"]["acc"]) <= 0.12
 
 
+@pytest.mark.slow  # two runs of its own beside the hook's straight run: CI's slow step (pytest.ini)
 def test_powersgd_two_epochs_equal_one_epoch_then_resume_bit_for_bit(hook_run, data_root, tmp_path):
     straight = hook_run("powersgd")  # warm-up 10 steps of 17: compression runs across the resume
     split = tmp_path / "split"

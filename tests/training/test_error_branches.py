@@ -206,6 +206,7 @@ def test_a_loader_pass_short_of_its_images_fails_the_bench():
         timed_pass("short", loader, torch.device("cpu"), 4)()
 
 
+@pytest.mark.slow  # a 2-rank fsdp run for one check: CI's slow step (pytest.ini)
 def test_fsdp_evaluates_a_test_set_whose_shards_differ_by_a_batch(tmp_path):
     # 33 test images over 2 ranks of 16: rank 0 has two batches, rank 1 one; FSDP's forward
     # is a collective, so rank 1 runs a dummy forward (counted nowhere) beside rank 0's second.

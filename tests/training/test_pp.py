@@ -27,6 +27,7 @@ from tests.pp_workers import accumulation_result, pp_worker
 RUNS = (("gpipe", "time"), ("1f1b", "time"), ("1f1b", "params"))
 
 
+@pytest.mark.slow  # three pp runs and their references for one check: CI's slow step (pytest.ini)
 def test_two_stages_with_m_microbatches_equal_one_process_accumulating_m_steps_in_both_schedules_and_splits(tmp_path):
     """BatchNorm sees the same micro-batches in both, so parameters, BN statistics, momentum
     and the reported loss/accuracy agree after 3 steps, for GPipe and 1F1B, whether the
@@ -205,6 +206,7 @@ def first_epoch(tmp_path_factory):
     return folder, report
 
 
+@pytest.mark.slow  # three runs of its own after first_epoch: CI's slow step (pytest.ini)
 def test_pp_stops_and_resumes_bit_exact_across_splits_and_shares_checkpoints_with_ddp_both_ways(
         first_epoch, tmp_path):
     """From pp's epoch-1 checkpoint (cut by parameters), epoch 2 runs twice: resumed in pp
@@ -241,6 +243,7 @@ def test_pp_stops_and_resumes_bit_exact_across_splits_and_shares_checkpoints_wit
     assert test_pp["loss"] == pytest.approx(test_ddp["loss"], abs=1e-6)
 
 
+@pytest.mark.slow  # first_epoch, shared there with the bit-exact resume: CI's slow step (pytest.ini)
 def test_profiled_two_stage_run_reports_measured_and_theoretical_bubble(first_epoch):
     folder, report = first_epoch
     if report is None:

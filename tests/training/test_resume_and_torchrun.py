@@ -13,6 +13,7 @@ from tests.conftest import (free_port, N_TEST, ROOT, SLACK, SMALL, hung, kill_gr
 ONE_EPOCH = ["--epochs", 1, "--batch-size", 64, "--valid-size", 100, *SMALL]
 
 
+@pytest.mark.slow  # two runs of their own beside the shared straight one: CI's slow step (pytest.ini)
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_epochs_straight_equal_one_epoch_then_resume_bit_for_bit(mode, two_epoch_run, data_root, tmp_path):
     _, straight = two_epoch_run(mode)  # the run test_training_modes checks
@@ -37,6 +38,7 @@ def test_two_epochs_straight_equal_one_epoch_then_resume_bit_for_bit(mode, two_e
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
+@pytest.mark.slow  # two torchrun launchers for one check: CI's slow step (pytest.ini)
 def test_torchrun_two_nodes_on_loopback_train_together(data_root, tmp_path):
     port = free_port()
     nodes = []

@@ -37,7 +37,8 @@ def test_a_fresh_start_over_an_earlier_run_stops_in_one_line_and_keeps_it(earlie
     assert digest(earlier_run / "last.pt") == before
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+# fsdp: CI's slow step (pytest.ini); ddp stays in the main suite.
+@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_a_diverging_run_stops_naming_the_step_and_never_saves(mode, earlier_run, data_root, tmp_path):
     # ddp writes over the earlier run on purpose (--overwrite): its good last.pt must survive
     # the NaN. fsdp starts in an empty folder: nothing at all may be written.
