@@ -32,6 +32,7 @@ def without_python(env, path):
     return {**{k: v for k, v in env.items() if k not in ("PYTHON", "VIRTUAL_ENV")}, "PATH": path}
 
 
+@pytest.mark.slow  # two trainings in a network namespace, the costliest main-run check (60 s): CI's slow step (pytest.ini)
 def test_without_an_index_run_ddp_trains_both_runs_with_the_active_venv_and_installs_nothing(tmp_path):
     checkout(tmp_path)
     write_tree(tmp_path / "dataset" / "cifar10")  # 110 training images: one step an epoch
