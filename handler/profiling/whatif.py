@@ -66,6 +66,8 @@ def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb:
     mode = mode or mode_of(summary, split)
     model = summary.get("model")
     grad = grad_mb or gradient_mb(model)
+    grad_from = ("--grad-mb" if grad_mb else f"{model}'s gradients" if model in GRAD_MB
+                 else f"model {model or 'not recorded'}: ResNet-18's gradients assumed")
     sent = payload(grad, model, summary.get("comm_config"), split.buckets)
     chosen = link or measured(split, summary, sent, "from this report's communication") or \
         (P2P_LINK if split.gpu else CPU_LINK)
@@ -77,7 +79,7 @@ def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb:
         setting = Setting(mode, over, sent, machine, factors or {})
         return [predict(split, n, setting) for n in wanted]
     alternative = cells(THROUGH_HOST_LINK) if split.gpu and chosen.assumed and mode != "pp" else None
-    return {"split": split, "mode": mode, "link": chosen, "sent": sent, "grad_mb": grad, "machine": machine,
+    return {"split": split, "mode": mode, "link": chosen, "sent": sent, "grad_mb": grad, "grad_from": grad_from, "machine": machine,
             "cells": cells(chosen), "through_host": alternative, "factors": factors or {}}
 
 
@@ -92,13 +94,14 @@ def facts(found: dict) -> str:
     cores = f"{m['cpu_cores']} CPU cores ({m['cpu_cores_from']})" if m.get("cpu_cores") else \
         "CPU cores not recorded (assumed: every loader gets cores of its own)"
     workers = (f"{m['loader_workers']:g} loader workers per process ({m['loader_workers_from']})"
-               if m.get("loader_workers") is not None else "loader workers not recorded (assumed: 1 core per loader)")
+               if m.get("loader_workers") is not None else
+               f"loader workers {m.get('loader_workers_from') or 'not recorded'} (assumed: 1 core per loader)")
     split = found["split"]
     held = "" if split.gpu or found["mode"] == "dp" else (
         f"; CPU compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(found['factors'].items()))} measured by "
-        "other reports here" if found["factors"] else "; CPU compute held at other counts (no other report of "
+        "other reports here, held at the other counts" if found["factors"] else "; CPU compute held at other counts (no other report of "
         "this machine measured them)")
-    comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step"
+    comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
     return (f"link {rate}, {link.latency_us:g} us a message ({link.source}); {comm}; {cores}; {workers}{held}"
             + ("; dp: one process drives every GPU, its broadcast and gather cross the link" if found["mode"] == "dp"
                else ""))

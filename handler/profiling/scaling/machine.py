@@ -4,9 +4,11 @@ the summary's `machine` block (docs/PROFILING.md, "What-if"), each fact with whe
 - cpu_cores: nsys' TARGET_INFO_SYSTEM_ENV row `CpuCores` (the host the report was recorded on);
   else the metrics' env.cpu_cores (the cores the rank could run on), else env.cpu_count.
 - loader_workers: per training process. The metrics' config.workers where given (what the run
-  asked for); else read from the report: PyTorch's DataLoader workers are processes whose thread
-  is named `pt_data_worker` (torch names them so), counted over the ranks; DALI's CPU threads are
-  its `[DALI][TPk]` pool threads, counted in a rank's process. 0 means the loader runs in the rank.
+  asked for); else read from the report: DALI's CPU threads are its `[DALI][TPk]` pool threads,
+  counted in a rank's process; PyTorch's DataLoader workers are processes whose thread is named
+  `pt_data_worker`, but a DataLoader starts them anew for every pass (each epoch, validation) and
+  the export keeps no process lifetimes, so their count over a capture is not the count per
+  loader: None, saying so. 0 means the loader runs in the rank.
 - threads_per_rank: the metrics' env.torch_threads (each rank sets the same count).
 A fact nothing gave is None, and its `_from` says so.
 """
@@ -59,8 +61,10 @@ def _workers(threads: dict | None, pids: list) -> tuple[float | None, str]:
     if threads is None:
         return None, UNKNOWN + " (the report has no thread names)"
     loaders = sum(1 for names in threads.values() if DATA_WORKER in names)
-    if loaders:
-        return loaders / max(1, len(pids)), f"report: {loaders} `{DATA_WORKER}` processes over {len(pids)} ranks"
+    if loaders:  # a DataLoader starts its workers anew for each pass (every epoch, and validation's too)
+        return None, (f"not read: the report holds {loaders} `{DATA_WORKER}` processes over {len(pids)} ranks, but a "
+                      "DataLoader starts its workers anew for every pass, so how many ran at once cannot be told; the "
+                      "run's metrics JSON beside the report gives config.workers")
     pools = [len({m.group(1) for n in threads.get(pid, ()) if (m := DALI_POOL.match(n))}) for pid in pids]
     if any(pools):
         return max(pools), "report: DALI's `[DALI][TPk]` threads in a rank"

@@ -31,8 +31,10 @@ def test_the_loader_workers_are_read_from_the_report_or_the_metrics():
     assert machine_of(REAL_EXPORTS["2026.2"], [{"pid": 216}, {"pid": 316}])["loader_workers"] == 0
 
 
-def test_dataloader_worker_processes_count_per_rank(tmp_path):
-    """torch names a DataLoader worker's thread pt_data_worker; 4 of them beside 2 ranks: 2 per rank."""
+def test_dataloader_worker_processes_over_a_capture_are_not_taken_as_the_workers_per_loader(tmp_path):
+    """torch names a DataLoader worker's thread pt_data_worker, and starts them anew for every pass:
+    a 3-epoch CPU run of --workers 2 held 14 of them. The export keeps no process lifetimes, so the
+    count per loader is not read (before: 14 read as 14 workers per process); the metrics JSON gives it."""
     copy = tmp_path / "workers.sqlite"
     shutil.copyfile(REAL_EXPORTS["2026.2"], copy)
     db = sqlite3.connect(copy)
@@ -44,4 +46,7 @@ def test_dataloader_worker_processes_count_per_rank(tmp_path):
     db.commit()
     db.close()
     found = machine_of(copy, [{"pid": 216}, {"pid": 316}])
-    assert found["loader_workers"] == 2 and found["loader_workers_from"].startswith("report: 4 `pt_data_worker`")
+    assert found["loader_workers"] is None
+    assert found["loader_workers_from"].startswith("not read: the report holds 4 `pt_data_worker` processes over 2")
+    asked = machine_of(copy, [{"pid": 216}, {"pid": 316}], {"config": {"workers": 2}})
+    assert (asked["loader_workers"], asked["loader_workers_from"]) == (2, "metrics config.workers")

@@ -410,6 +410,16 @@ def test_the_lab_page_reads_the_runs_hook_and_workers_from_its_metrics_without_i
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("no torch")
-    assert "sends 22.3 MB (fp16: half of 44.7 MB) a step" in done.stdout
+    assert "sends 22.3 MB (fp16: half of 44.7 MB) a step (resnet18's gradients)" in done.stdout
     assert "3 loader workers per process (metrics config.workers)" in done.stdout
     assert "18 CPU cores (nsys TARGET_INFO_SYSTEM_ENV CpuCores)" in done.stdout  # the report's, before the metrics'
+
+
+def test_the_gradients_say_whether_the_model_was_read_or_assumed():
+    """A report with no metrics JSON beside it names no model: its 44.7 MB is ResNet-18's, assumed, and said so."""
+    unknown = predictions({**TA_DDP_1GPU, "model": None}, (2,))
+    known = predictions({**TA_DDP_1GPU, "model": "resnet20"}, (2,))
+    given = predictions({**TA_DDP_1GPU, "model": "resnet20"}, (2,), grad_mb=5.0)
+    assert unknown["grad_from"] == "model not recorded: ResNet-18's gradients assumed" and unknown["grad_mb"] == 44.696
+    assert known["grad_from"] == "resnet20's gradients" and known["grad_mb"] == 1.079
+    assert given["grad_from"] == "--grad-mb" and given["grad_mb"] == 5.0
