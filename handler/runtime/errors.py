@@ -1,4 +1,5 @@
 """User-facing failures: one line that names the problem and the fix, never a traceback."""
+import os
 import signal
 import sys
 from contextlib import contextmanager
@@ -35,7 +36,7 @@ def need(ok, message: str) -> None:
 @contextmanager
 def one_line_errors(prefix: str = "error"):
     """Turn UserError (and Ctrl-C) into one line on stderr and a non-zero exit; a graceful
-    stop exits with 128 + signal, as a killed process would."""
+    stop exits with 128 + signal, as a killed process would; a closed stdout pipe, quietly."""
     try:
         yield
     except StopRequested as stop:  # the stop message and checkpoint are already out
@@ -46,3 +47,6 @@ def one_line_errors(prefix: str = "error"):
     except KeyboardInterrupt:
         print(f"{prefix}: interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does on SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        sys.exit(128 + signal.SIGPIPE)

@@ -423,3 +423,13 @@ def test_the_gradients_say_whether_the_model_was_read_or_assumed():
     assert unknown["grad_from"] == "model not recorded: ResNet-18's gradients assumed" and unknown["grad_mb"] == 44.696
     assert known["grad_from"] == "resnet20's gradients" and known["grad_mb"] == 1.079
     assert given["grad_from"] == "--grad-mb" and given["grad_mb"] == 5.0
+
+
+def test_whatif_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
+    """`whatif X | head -3`: the reader closes the pipe before the table is written (here at once, `true`:
+    whatif starts later); one quiet exit, no traceback (before: BrokenPipeError's)."""
+    (tmp_path / "x.summary.json").write_text(json.dumps(TA_DDP_1GPU))
+    done = subprocess.run(f"{sys.executable} -m handler.profiling.whatif {tmp_path / 'x.summary.json'} | true; "
+                          "echo \"${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash", cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "141" and "Traceback" not in done.stderr, done.stdout + done.stderr
