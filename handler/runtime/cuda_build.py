@@ -130,11 +130,6 @@ def gpus_hidden() -> bool:
     return os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
 
 
-def smi_gpu_list(smi: str = "nvidia-smi") -> str:
-    """`nvidia-smi -L`: a line per GPU ("GPU 0: <name> (UUID: GPU-...)"), then its MIG devices."""
-    return ask_smi(smi).listing
-
-
 def smi_gpu_count(smi: str = "nvidia-smi") -> int:
     """GPUs the driver lists (all of them: nvidia-smi ignores CUDA_VISIBLE_DEVICES)."""
     return ask_smi(smi).gpus
