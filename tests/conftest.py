@@ -36,8 +36,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from handler.runtime.devices import cuda_status  # noqa: E402
 from handler.data.synthetic import write_synthetic  # noqa: E402
-from tests.parallel import (assign_groups, locked, pytest_collection_finish, pytest_configure,  # noqa: E402,F401
-                            pytest_configure_node, pytest_unconfigure, pytest_xdist_make_scheduler, slow_first)
+from tests.parallel import (assign_groups, locked, one_at_a_time, pytest_collection_finish,  # noqa: E402,F401
+                            pytest_configure, pytest_configure_node, pytest_unconfigure, pytest_xdist_make_scheduler,
+                            slow_first)
 
 # A small synthetic set: learnable in 2 epochs of resnet20, sizes deliberately not
 # divisible by the world sizes and batch sizes the tests use.
@@ -206,6 +207,14 @@ def shared_tmp(tmp_path_factory) -> Path:
     """A folder that every xdist worker of this session sees (the session's own without xdist)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture
+def nsys_turn():
+    """For a test whose product code runs nsys itself (gpu_check's probe of nsys): it takes its
+    turn with the other nsys runs (tests/parallel.py: sessions that start together can fail)."""
+    with one_at_a_time("nsys"):
+        yield
 
 
 @pytest.fixture(scope="session")

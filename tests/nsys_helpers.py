@@ -4,8 +4,11 @@ nsys is optional on a laptop but required in CI (README.md): without it these te
 skip, unless CI=true, where they fail so that a broken CI image cannot pass silently.
 """
 import os
+import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,11 +37,31 @@ def profile_options() -> list[str]:
     return out.split()
 
 
+# nsys 2022.4 failing to open its own session, before the program starts: its client found no
+# endpoint of its agent (seen once in CI on a loaded 2-core box, all later nsys runs of that suite
+# fine) or sem_open failed (tests/parallel.py). Not this project's code: such a run is tried once more.
+NSYS_SESSION_FAILURE = re.compile(r"Local Endpoint is not available|sem_open")
+
+
+def once_more_if_nsys_failed_to_start(run, pause_s: float = 2):
+    """run() -> CompletedProcess; run again, once, pause_s later, when nsys failed to open its
+    session (said on stderr)."""
+    result = run()
+    output = (result.stdout or "") + (result.stderr or "")
+    if result.returncode != 0 and NSYS_SESSION_FAILURE.search(output):
+        print(f"nsys failed to open its session ({NSYS_SESSION_FAILURE.search(output).group(0)}); trying once more",
+              file=sys.stderr)
+        time.sleep(pause_s)
+        result = run()
+    return result
+
+
 def profile(command: list[str], output: Path, timeout: float = 120) -> Path:
     """Run command under nsys with the lab's options; returns the .nsys-rep."""
     with one_at_a_time("nsys"):
-        result = subprocess.run([require_nsys(), "profile", *profile_options(), f"--output={output}", *command],
-                                capture_output=True, text=True, timeout=timeout)
+        result = once_more_if_nsys_failed_to_start(lambda: subprocess.run(
+            [require_nsys(), "profile", *profile_options(), f"--output={output}", *command],
+            capture_output=True, text=True, timeout=timeout))
     report = output.with_name(output.name + ".nsys-rep")
     assert result.returncode == 0 and report.is_file(), result.stdout[-2000:] + result.stderr[-2000:]
     return report

@@ -73,7 +73,8 @@ def test_amp_bf16_runs_on_ampere_and_newer(gpus_like):
     assert parse_config(["--mode", "ddp", "--amp", "bf16"], cuda_count=2).amp == "bf16"
 
 
-def test_on_a_v100_gpu_check_skips_the_bf16_row_and_its_2_gpu_dp_row_uses_fp16(gpus_like, tmp_path, capsys):
+def test_on_a_v100_gpu_check_skips_the_bf16_row_and_its_2_gpu_dp_row_uses_fp16(gpus_like, tmp_path, capsys,
+                                                                             nsys_turn):
     gpus_like(V100, count=2)
     assert gpu_check.main(["--list", "--no-tests", "--out", str(tmp_path)]) == 0
     listed = capsys.readouterr().out
@@ -82,7 +83,7 @@ def test_on_a_v100_gpu_check_skips_the_bf16_row_and_its_2_gpu_dp_row_uses_fp16(g
     assert "2 GPUs: dp fp16 + activation checkpointing" in listed and "dp bf16" not in listed
 
 
-def test_on_an_h100_gpu_check_runs_the_bf16_rows(gpus_like, tmp_path, capsys):
+def test_on_an_h100_gpu_check_runs_the_bf16_rows(gpus_like, tmp_path, capsys, nsys_turn):
     gpus_like(H100, count=2)
     assert gpu_check.main(["--list", "--no-tests", "--out", str(tmp_path)]) == 0
     listed = capsys.readouterr().out
@@ -214,7 +215,7 @@ def test_an_nsys_that_makes_no_report_skips_the_profiled_row_with_the_reason(tmp
     assert "skipping 1 row(s) (profiled run (nsys)): " in listed.err
 
 
-def test_an_nsys_that_makes_reports_passes_the_probe():
+def test_an_nsys_that_makes_reports_passes_the_probe(nsys_turn):
     if not subprocess.run(["bash", "-c", "command -v nsys"], capture_output=True).stdout:
         pytest.skip("no nsys on this machine")
     assert nsys_problem() == ""

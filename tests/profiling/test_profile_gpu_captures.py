@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tests.conftest import N_TEST, N_TRAIN, gpu_count, run_process
-from tests.nsys_helpers import REPO, require_nsys
+from tests.nsys_helpers import REPO, once_more_if_nsys_failed_to_start, require_nsys
 from tests.parallel import one_at_a_time
 
 pytestmark = pytest.mark.gpu
@@ -35,7 +35,8 @@ def profiled(data_root, folder, mode, gpus, *extra, **env):
                 "DATA_DIR": str(data_root), "CKPT_DIR": str(folder / "ckpt"), "NSIGHT_LOG_DIR": str(folder),
                 "NSIGHT_FILE_NAME": "run", **env}
     with one_at_a_time("nsys"):
-        run = run_process(["bash", REPO / "scripts" / "launch.sh", *ARGS, *extra], env=settings, timeout=600)
+        run = once_more_if_nsys_failed_to_start(
+            lambda: run_process(["bash", REPO / "scripts" / "launch.sh", *ARGS, *extra], env=settings, timeout=600))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads((folder / "run.summary.json").read_text()), folder / "run.sqlite"
 

@@ -33,7 +33,7 @@ def test_the_plan_runs_the_labs_png_tree_path_on_one_and_two_gpus_and_the_lab_st
     assert all(rehearsed[n].expect == (("env.backend", "gloo"),) for n in DRIVERS)
 
 
-def test_rehearse_lists_the_new_rows(monkeypatch, capsys, tmp_path):
+def test_rehearse_lists_the_new_rows(monkeypatch, capsys, tmp_path, nsys_turn):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # main sets it for --rehearse; restored after
     assert gpu_check.main(["--rehearse", "--list", "--no-tests", "--out", str(tmp_path)]) == 0
     listed = [line.split(" s  ", 1)[1] for line in capsys.readouterr().out.splitlines() if " s  " in line]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import run_process
-from tests.nsys_helpers import REPO, path_without_nsys, require_nsys
+from tests.nsys_helpers import REPO, once_more_if_nsys_failed_to_start, path_without_nsys, require_nsys
 from tests.parallel import one_at_a_time
 
 LAUNCH = REPO / "scripts" / "launch.sh"
@@ -29,7 +29,7 @@ def profiled(request, tmp_path_factory):
     require_nsys()
     tmp_path = tmp_path_factory.mktemp(request.param)
     with one_at_a_time("nsys"):
-        run = launch(tmp_path, *TINY, MODE=request.param, PROFILE="1", budget=40)
+        run = once_more_if_nsys_failed_to_start(lambda: launch(tmp_path, *TINY, MODE=request.param, PROFILE="1", budget=40))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return request.param, run, tmp_path / "logs"
 
@@ -176,7 +176,8 @@ def windowed(tmp_path_factory):
     for window in ("1:2", "all"):
         tmp_path = tmp_path_factory.mktemp("window")
         with one_at_a_time("nsys"):
-            run = launch(tmp_path, *WINDOW_RUN, MODE="ddp", PROFILE="1", PROFILE_EPOCHS=window, budget=60)
+            run = once_more_if_nsys_failed_to_start(
+                lambda: launch(tmp_path, *WINDOW_RUN, MODE="ddp", PROFILE="1", PROFILE_EPOCHS=window, budget=60))
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         runs[window] = run, tmp_path / "logs"
     return runs

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_process
-from tests.nsys_helpers import REPO, path_without_nsys, profile, require_nsys
+from tests.nsys_helpers import REPO, once_more_if_nsys_failed_to_start, path_without_nsys, profile, require_nsys
 from tests.parallel import one_at_a_time
 
 LAUNCH = REPO / "scripts" / "launch.sh"
@@ -216,7 +216,7 @@ def test_a_profiled_run_under_umask_000_leaves_nothing_world_writable(tmp_path, 
 def test_a_run_profiled_by_the_real_nsys_leaves_nothing_world_writable(tmp_path):
     require_nsys()
     with one_at_a_time("nsys"):
-        run = launch(tmp_path, budget=40, MODE="ddp", NUM_GPUS="2")
+        run = once_more_if_nsys_failed_to_start(lambda: launch(tmp_path, budget=40, MODE="ddp", NUM_GPUS="2"))
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "out"
     assert (out / "logs" / "ddp_cpu2.nsys-rep").is_file() and (out / "ckpt" / "last.pt").is_file()
@@ -231,9 +231,28 @@ def test_the_lab_nsys_options_do_not_wait_for_a_process_the_program_left_behind(
         started = time.monotonic()
         profile(["bash", "-c", f'sleep 60 >/dev/null 2>&1 & echo $! >"{pid_file}"'], tmp_path / "orphan", timeout=90)
         assert time.monotonic() - started < 40
-    orphan = int(pid_file.read_text())
-    if process_exists(orphan):  # a sleep this test started
-        os.kill(orphan, 9)
+        # Ended before the next nsys may start: the orphan keeps this session's agent alive.
+        orphan = int(pid_file.read_text())
+        if process_exists(orphan):  # a sleep this test started
+            os.kill(orphan, 9)
+
+
+def test_a_run_whose_nsys_failed_to_open_its_session_is_tried_once_more_and_no_other_is(capsys):
+    """tests/nsys_helpers.py: nsys 2022.4's own start failure (once in CI) is not a failed test."""
+    def runs(*outputs):
+        made = iter(outputs)
+        return lambda: subprocess.CompletedProcess(["nsys"], *next(made))
+
+    def tried(*outputs):
+        return once_more_if_nsys_failed_to_start(runs(*outputs), pause_s=0)
+
+    endpoint = (1, "", "Throw in function ... GetLocalEndpoint() const\n[QuadDCommon::tag_message*] = "
+                       "Local Endpoint is not available.\n")
+    assert tried(endpoint, (0, "Generated", "")).returncode == 0
+    assert "Local Endpoint is not available); trying once more" in capsys.readouterr().err
+    assert tried(endpoint, endpoint).returncode == 1  # once only
+    assert tried((1, "", "training failed"), (0, "", "")).returncode == 1
+    assert tried((0, "Local Endpoint is not available", "")).returncode == 0
 
 
 PROBE_NSYS = f"""#!/bin/bash

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import gpu_count, run_process
-from tests.nsys_helpers import REPO, path_without_nsys, require_nsys
+from tests.nsys_helpers import REPO, once_more_if_nsys_failed_to_start, path_without_nsys, require_nsys
 from tests.parallel import one_at_a_time
 
 INSTALLER = REPO / "scripts" / "install_nsys.sh"
@@ -278,7 +278,8 @@ def test_a_profiled_run_on_a_cpu_machine_prints_no_driver_warning(tmp_path):
            "NSIGHT_LOG_DIR": str(tmp_path / "logs"), "CKPT_DIR": str(tmp_path / "ckpt"),
            "DATA_DIR": str(tmp_path / "data")}
     with one_at_a_time("nsys"):
-        run = run_process(["bash", LAUNCH, *tiny], cwd=tmp_path, env=env, inherit=False, budget=30)
+        run = once_more_if_nsys_failed_to_start(
+            lambda: run_process(["bash", LAUNCH, *tiny], cwd=tmp_path, env=env, inherit=False, budget=30))
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "logs" / "dp_cpu1.nsys-rep").is_file()
     output = run.stdout + run.stderr
