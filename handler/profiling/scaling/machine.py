@@ -6,9 +6,13 @@ the summary's `machine` block (docs/PROFILING.md, "What-if"), each fact with whe
 - loader_workers: per training process. The metrics' config.workers where given (what the run
   asked for); else read from the report: DALI's CPU threads are its `[DALI][TPk]` pool threads,
   counted in a rank's process; PyTorch's DataLoader workers are processes whose thread is named
-  `pt_data_worker`, but a DataLoader starts them anew for every pass (each epoch, validation) and
-  the export keeps no process lifetimes, so their count over a capture is not the count per
-  loader: None, saying so. 0 means the loader runs in the rank.
+  `pt_data_worker`. A DataLoader starts them anew for every pass (each epoch, validation, test)
+  and the export keeps no process lifetimes, so they are read as bursts: the workers of one pass
+  are forked together, their PIDs within a few of each other, and the ranks start each pass
+  together (DDP keeps them in step). Every burst the same size, a multiple of the ranks, gives
+  workers = size / ranks; where the report names its passes (our `validate` and `test` ranges
+  beside the epochs), the bursts must also number the passes. Anything else: None, saying so.
+  0 means the loader runs in the rank.
 - threads_per_rank: the metrics' env.torch_threads (each rank sets the same count).
 A fact nothing gave is None, and its `_from` says so.
 """
@@ -17,7 +21,10 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+from handler.runtime.names import EPOCH, TEST, VALIDATE
+
 DATA_WORKER = "pt_data_worker"
+BURST_GAP = 6  # PIDs further apart were not forked in one burst (seen: 1-3 within a burst, 11 and more between)
 DALI_POOL = re.compile(r"\[DALI\]\[TP(\d+)\]")
 UNKNOWN = "not recorded"
 
@@ -25,47 +32,82 @@ UNKNOWN = "not recorded"
 def machine_of(export: Path | None, ranks: list[dict], metrics: dict | None = None) -> dict:
     """ranks: the summary's ranks (their pids). export: the report's SQLite export, or None."""
     env, config = (metrics or {}).get("env") or {}, (metrics or {}).get("config") or {}
-    system, threads = _read(export)
+    system, threads, passes = _read(export)
     cores, cores_from = (system, "nsys TARGET_INFO_SYSTEM_ENV CpuCores") if system else \
         (env.get("cpu_cores"), "metrics env.cpu_cores") if env.get("cpu_cores") else \
         (env.get("cpu_count"), "metrics env.cpu_count") if env.get("cpu_count") else (None, UNKNOWN)
     if config.get("workers") is not None:
         workers, workers_from = float(config["workers"]), "metrics config.workers"
     else:
-        workers, workers_from = _workers(threads, [r.get("pid") for r in ranks])
+        pids = [r.get("pid") for r in ranks]
+        workers, workers_from = _workers(threads, pids, _passes_of(passes, pids))
     return {"cpu_cores": cores, "cpu_cores_from": cores_from, "loader_workers": workers,
             "loader_workers_from": workers_from, "threads_per_rank": env.get("torch_threads"),
             "threads_per_rank_from": "metrics env.torch_threads" if env.get("torch_threads") else UNKNOWN}
 
 
-def _read(export: Path | None) -> tuple[int | None, dict | None]:
-    """(CpuCores or None, {pid: [thread names]} or None without a ThreadNames table)."""
+def _read(export: Path | None) -> tuple[int | None, dict | None, dict]:
+    """(CpuCores or None, {pid: [thread names]} or None without a ThreadNames table,
+    {pid: [epoch ranges, validate or test ranges]})."""
     if export is None:
-        return None, None
+        return None, None, {}
     with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         cores = None
         if "TARGET_INFO_SYSTEM_ENV" in tables:
             row = db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CpuCores'").fetchone()
             cores = int(row[0]) if row and str(row[0]).isdigit() else None
-        threads = None
+        threads, passes = None, {}
         if {"ThreadNames", "StringIds"} <= tables:
             threads = {}
             for tid, name in db.execute("SELECT t.globalTid, s.value FROM ThreadNames t JOIN StringIds s "
                                         "ON s.id = t.nameId"):
                 threads.setdefault((tid >> 24) & 0xFFFFFF, []).append(name)
-    return cores, threads
+        if {"NVTX_EVENTS", "StringIds"} <= tables:
+            for text, tid in db.execute("SELECT COALESCE(n.text, s.value), n.globalTid FROM NVTX_EVENTS n "
+                                        "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.end IS NOT NULL"):
+                kind = 0 if text and EPOCH.match(text) else 1 if text in (VALIDATE, TEST) else None
+                if kind is not None:
+                    passes.setdefault((tid >> 24) & 0xFFFFFF, [0, 0])[kind] += 1
+    return cores, threads, passes
 
 
-def _workers(threads: dict | None, pids: list) -> tuple[float | None, str]:
+def _passes_of(passes: dict, pids: list) -> int | None:
+    """DataLoader passes per rank where the report names them all (our validate/test ranges beside
+    the epochs) and every rank made as many; else None."""
+    counts = {tuple(passes.get(pid, (0, 0))) for pid in pids}
+    if len(counts) != 1:
+        return None
+    epochs, evaluations = counts.pop()
+    return epochs + evaluations if epochs and evaluations else None
+
+
+def _workers(threads: dict | None, pids: list, passes: int | None) -> tuple[float | None, str]:
     if threads is None:
         return None, UNKNOWN + " (the report has no thread names)"
-    loaders = sum(1 for names in threads.values() if DATA_WORKER in names)
-    if loaders:  # a DataLoader starts its workers anew for each pass (every epoch, and validation's too)
-        return None, (f"not read: the report holds {loaders} `{DATA_WORKER}` processes over {len(pids)} ranks, but a "
-                      "DataLoader starts its workers anew for every pass, so how many ran at once cannot be told; the "
-                      "run's metrics JSON beside the report gives config.workers")
+    forked = sorted(pid for pid, names in threads.items() if DATA_WORKER in names)
+    if forked:
+        return _dataloader_workers(forked, len(pids), passes)
     pools = [len({m.group(1) for n in threads.get(pid, ()) if (m := DALI_POOL.match(n))}) for pid in pids]
     if any(pools):
         return max(pools), "report: DALI's `[DALI][TPk]` threads in a rank"
     return 0.0, "report: no DataLoader worker process or DALI thread, so the loader runs in the rank"
+
+
+def _dataloader_workers(forked: list[int], ranks: int, passes: int | None) -> tuple[float | None, str]:
+    """forked: the worker processes' PIDs, sorted. See the module's docstring."""
+    bursts = [[forked[0]]]
+    for pid in forked[1:]:
+        if pid - bursts[-1][-1] > BURST_GAP:
+            bursts.append([])
+        bursts[-1].append(pid)
+    sizes = sorted({len(b) for b in bursts})
+    held = (f"the report holds {len(forked)} `{DATA_WORKER}` processes over {ranks} rank{'s' * (ranks != 1)}, "
+            f"started in {len(bursts)} bursts")
+    if len(sizes) == 1 and ranks and sizes[0] % ranks == 0 and passes in (None, len(bursts)):
+        counted = f"{passes} passes named in the report" if passes else "one per pass, the ranks in step"
+        return sizes[0] / ranks, f"report: {held} of {sizes[0]} ({counted})"
+    why = (f"of {', '.join(map(str, sizes))}" if len(sizes) > 1 or sizes[0] % max(ranks, 1) else
+           f"where the report names {passes} passes per rank")
+    return None, (f"not read: {held} {why}, so how many each loader ran at once cannot be told (a DataLoader starts "
+                  "its workers anew for every pass); the run's metrics JSON beside the report gives config.workers")

@@ -3,9 +3,11 @@ cores from nsys' TARGET_INFO_SYSTEM_ENV in the real exports of tests/data, the l
 the processes and threads the export names, the metrics JSON where the report does not say."""
 import shutil
 import sqlite3
+from contextlib import closing
+from pathlib import Path
 
 from handler.profiling.scaling.machine import machine_of
-from tests.nsys_helpers import REAL_EXPORTS
+from tests.nsys_helpers import REAL_EXPORTS, REPO
 from tests.profiling.scale_inputs import DALI_CPU
 
 
@@ -31,22 +33,52 @@ def test_the_loader_workers_are_read_from_the_report_or_the_metrics():
     assert machine_of(REAL_EXPORTS["2026.2"], [{"pid": 216}, {"pid": 316}])["loader_workers"] == 0
 
 
-def test_dataloader_worker_processes_over_a_capture_are_not_taken_as_the_workers_per_loader(tmp_path):
-    """torch names a DataLoader worker's thread pt_data_worker, and starts them anew for every pass:
-    a 3-epoch CPU run of --workers 2 held 14 of them. The export keeps no process lifetimes, so the
-    count per loader is not read (before: 14 read as 14 workers per process); the metrics JSON gives it."""
+WORKERS_RUN = REPO / "tests" / "data" / "nsys" / "ddp_workers2_cpu2_nsys2022.4.sqlite"  # README.md there
+RANKS = [{"pid": 31396}, {"pid": 31397}]
+
+
+def test_dataloader_workers_are_read_from_their_bursts_of_forks_one_per_pass():
+    """torch names a DataLoader worker's thread pt_data_worker and starts them anew for every pass:
+    this 3-epoch run of --workers 2 on 2 ranks (validation each epoch, then test) holds 28. Before,
+    their count over the capture was taken as the workers per process (14 for one rank)."""
+    found = machine_of(WORKERS_RUN, RANKS)
+    assert found["loader_workers"] == 2
+    assert found["loader_workers_from"] == ("report: the report holds 28 `pt_data_worker` processes over 2 ranks, "
+                                            "started in 7 bursts of 4 (7 passes named in the report)")
+    asked = machine_of(WORKERS_RUN, RANKS, {"config": {"workers": 3}})
+    assert (asked["loader_workers"], asked["loader_workers_from"]) == (3, "metrics config.workers")
+
+
+def edited(tmp_path, sql: str, *args) -> Path:
     copy = tmp_path / "workers.sqlite"
-    shutil.copyfile(REAL_EXPORTS["2026.2"], copy)
-    db = sqlite3.connect(copy)
-    name_id = db.execute("SELECT MAX(id) FROM StringIds").fetchone()[0] + 1
-    db.execute("INSERT INTO StringIds (id, value) VALUES (?, 'pt_data_worker')", (name_id,))
-    for pid in (901, 902, 903, 904):
-        db.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, 0, ?)",
-                   (name_id, (pid << 24) | pid))
-    db.commit()
-    db.close()
-    found = machine_of(copy, [{"pid": 216}, {"pid": 316}])
+    shutil.copyfile(WORKERS_RUN, copy)
+    with closing(sqlite3.connect(copy)) as db:
+        db.execute(sql, args)
+        db.commit()
+    return copy
+
+
+WORKER_ROWS = ("DELETE FROM ThreadNames WHERE nameId = (SELECT id FROM StringIds WHERE value = 'pt_data_worker') "
+               "AND (globalTid >> 24) & 16777215 ")
+
+
+def test_bursts_of_unequal_size_are_not_read_and_say_so(tmp_path):
+    found = machine_of(edited(tmp_path, WORKER_ROWS + "= 31461"), RANKS)  # one worker of the first pass gone
     assert found["loader_workers"] is None
-    assert found["loader_workers_from"].startswith("not read: the report holds 4 `pt_data_worker` processes over 2")
-    asked = machine_of(copy, [{"pid": 216}, {"pid": 316}], {"config": {"workers": 2}})
-    assert (asked["loader_workers"], asked["loader_workers_from"]) == (2, "metrics config.workers")
+    assert found["loader_workers_from"].startswith("not read: the report holds 27 `pt_data_worker` processes over "
+                                                   "2 ranks, started in 7 bursts of 3, 4, so how many")
+    assert "config.workers" in found["loader_workers_from"]
+
+
+def test_bursts_that_do_not_number_the_named_passes_are_not_read(tmp_path):
+    found = machine_of(edited(tmp_path, WORKER_ROWS + "BETWEEN 31456 AND 31461"), RANKS)  # a pass's burst gone
+    assert found["loader_workers"] is None
+    assert "started in 6 bursts where the report names 7 passes per rank" in found["loader_workers_from"]
+
+
+def test_without_named_passes_the_bursts_alone_give_the_workers(tmp_path):
+    """The kit's reports name epochs only: the bursts, the ranks in step, say it."""
+    bare = edited(tmp_path, "DELETE FROM NVTX_EVENTS WHERE COALESCE(text, (SELECT value FROM StringIds "
+                            "WHERE id = textId)) IN ('validate', 'test')")
+    found = machine_of(bare, RANKS)
+    assert found["loader_workers"] == 2 and found["loader_workers_from"].endswith("(one per pass, the ranks in step)")
