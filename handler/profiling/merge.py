@@ -16,6 +16,7 @@ from handler.runtime.errors import UserError
 
 from .analysis import _mean, _overall, _ratio, comm_config, first_comm_per_process, summarize
 from .comm import stragglers
+from .scaling.machine import machine_of
 from .trace import load_trace
 
 
@@ -53,7 +54,7 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
             arrivals[rank] = {step: at + offset for step, at in steps.items()}
         reports.append({"report": name, "hosts": sorted({r["host"] or "?" for r in summary["ranks"]}),
                         "ranks": [r["rank"] for r in summary["ranks"]], "clock_offset_ns": offset,
-                        "session_start_utc": started})
+                        "session_start_utc": started, "machine": machine_of(export, summary["ranks"], metrics)})
         sources.add(summary["rank_source"])
         gpu_trace = gpu_trace or summary["gpu_trace"]
     ranks.sort(key=lambda r: r["rank"])
@@ -64,8 +65,23 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
         late["most_often_last_host"] = host_of[late["most_often_last"]]
     return {"schema": 1, "job": True, "reports": reports, "rank_source": " + ".join(sorted(sources)),
             "gpu_trace": gpu_trace, "ranks": ranks, "overall": _overall(ranks), "hosts": host_table(ranks),
+            "machine": job_machine([r["machine"] for r in reports]),
             "stragglers": late, "gpu_metrics_mapping": None, "metrics_comparison": None,
             "comm_config": comm_config(metrics)}
+
+
+def job_machine(machines: list[dict]) -> dict:
+    """The job's machine block: each fact as every node's report read it, or, where the nodes differ,
+    the one that holds the job back (the fewest cores, loader workers or threads), saying so."""
+    job = dict(machines[0])
+    for fact in ("cpu_cores", "loader_workers", "threads_per_rank"):
+        values = [m[fact] for m in machines]
+        if len(set(values)) > 1:
+            known = [v for v in values if v is not None]
+            job[fact] = min(known) if known else None
+            job[f"{fact}_from"] = (f"the fewest over the job's {len(machines)} reports ({', '.join(map(str, values))}), "
+                                   f"{machines[values.index(job[fact])][f'{fact}_from']}")
+    return job
 
 
 def host_table(ranks: list[dict]) -> dict:

@@ -66,6 +66,21 @@ def test_clocks_are_aligned_so_stragglers_equal_those_of_one_report_holding_both
     assert merged["stragglers"]["most_often_last_host"] == host
 
 
+def test_the_job_reads_each_nodes_machine_and_keeps_the_fewest_where_they_differ(job, tmp_path):
+    """Before, a merged summary had no machine block: the what-if of a job assumed every fact."""
+    _, merged, reports = job
+    assert [r["machine"]["cpu_cores"] for r in merged["reports"]] == [18, 18]  # nsys' CpuCores of each node
+    assert merged["machine"]["cpu_cores"] == 18
+    assert merged["machine"]["cpu_cores_from"] == "nsys TARGET_INFO_SYSTEM_ENV CpuCores"
+    smaller = shutil.copyfile(reports / "77_node2.sqlite", tmp_path / "77_node2.sqlite")
+    with sqlite3.connect(smaller) as db:
+        db.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = '8' WHERE name = 'CpuCores'")
+    mixed = merge([("77_node1.sqlite", reports / "77_node1.sqlite"), ("77_node2.sqlite", smaller)])
+    assert mixed["machine"]["cpu_cores"] == 8
+    assert mixed["machine"]["cpu_cores_from"] == ("the fewest over the job's 2 reports (18, 8), "
+                                                  "nsys TARGET_INFO_SYSTEM_ENV CpuCores")
+
+
 def test_per_host_numbers_are_those_of_its_ranks(job):
     single, merged, _ = job
     for rank in single["ranks"]:
