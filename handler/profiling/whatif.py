@@ -37,7 +37,8 @@ ASSUMPTIONS = (
     "(past them it stops shrinking); dp and pp (one loader) keep it; a CPU run's loaders share the ranks' cores, so it stays. The host's "
     "work stays; the GPU's busy time splits over the GPUs; a CPU run's compute at n ranks is what another mode's "
     "reports of the same machine measured at n, else held. ddp's all-reduce is bench.comm's ring model of what its "
-    "comm hook sends (docs/COMM.md), hidden behind backward where it can be; dp's broadcast and gather cross the link "
+    "comm hook sends (docs/COMM.md), fsdp's 1.5 times its gradients (two gathers, one reduce-scatter), hidden "
+    "behind backward where it can be; dp's broadcast and gather cross the link "
     "one GPU at a time; pp has no all-reduce, its pipeline span follows the bubble (M + W - 1 slots of 1/W of the "
     "work). A GPU step is the larger of (wait + host work) and the GPU's busy time, plus the exposed communication; "
     "a CPU step is their sum. The bound is the largest part, in the lab page verdict's words. Not modelled: pp's "
@@ -57,6 +58,15 @@ def mode_of(summary: dict, split: Split) -> str:
     return "pp" if split.pipeline else "ddp"
 
 
+def run_mode(summary: dict) -> str | None:
+    """The harness's mode a report ran, where its summary or its name says it (fsdp sends its own bytes)."""
+    if summary.get("run_mode"):
+        return summary["run_mode"].split()[0].split("+")[0]
+    report = summary.get("report") or ""
+    parts = Path(report[0] if isinstance(report, list) else report).parts[-2:]
+    return "fsdp" if any(p == "fsdp" or p.startswith(("fsdp_", "fsdp.")) for p in parts) else None
+
+
 def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb: float | None = None,
                 mode: str | None = None, factors: dict | None = None) -> dict:
     """{"split", "mode", "link", "sent", "machine", "cells", "through_host"}: the report's own count and
@@ -68,7 +78,7 @@ def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb:
     grad = grad_mb or gradient_mb(model)
     grad_from = ("--grad-mb" if grad_mb else f"{model}'s gradients" if model in GRAD_MB
                  else f"model {model or 'not recorded'}: ResNet-18's gradients assumed")
-    sent = payload(grad, model, summary.get("comm_config"), split.buckets)
+    sent = payload(grad, model, summary.get("comm_config"), split.buckets, run_mode(summary))
     chosen = link or measured(split, summary, sent, "from this report's communication") or \
         (P2P_LINK if split.gpu else CPU_LINK)
     machine = summary.get("machine") or {}
@@ -172,7 +182,7 @@ def lab_section(rows: list[dict]) -> list[str]:
 
 def _summary_of(row: dict) -> dict:
     return {"ranks": row["ranks"], "gpus": row["gpu_table"], "model": row.get("model"), "report": row["report"],
-            "machine": row.get("machine"), "comm_config": row.get("comm_config")}
+            "machine": row.get("machine"), "comm_config": row.get("comm_config"), "run_mode": row.get("mode")}
 
 
 def _mode(mode: str, row: dict) -> str:
@@ -189,7 +199,8 @@ def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None
             continue
         summary = summaries[id(r)]
         try:
-            sent = payload(gradient_mb(r.get("model")), r.get("model"), summary.get("comm_config"), split.buckets)
+            sent = payload(gradient_mb(r.get("model")), r.get("model"), summary.get("comm_config"), split.buckets,
+                           run_mode(summary))
         except UserError:  # its mode's section says why, in its own line
             continue
         found = measured(split, summary, sent, f"from the NCCL kernels of {r['mode']}, {r['gpus']} GPUs in this folder")
@@ -224,7 +235,8 @@ def link_argument(text: str, grad_mb: float | None) -> Link:
     other = load_summary(Path(text))
     split = split_of(other)
     grad = grad_mb or gradient_mb(other.get("model"))
-    found = measured(split, other, payload(grad, other.get("model"), other.get("comm_config"), split.buckets),
+    found = measured(split, other, payload(grad, other.get("model"), other.get("comm_config"), split.buckets,
+                                           run_mode(other)),
                      f"from {Path(text).name}'s communication")
     if not found:
         raise UserError(f"--link {text}: that report ran one process or recorded no communication, so it measures "

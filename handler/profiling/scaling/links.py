@@ -16,6 +16,7 @@ from .step import Split
 
 BETA = 1.0  # link efficiency: the shaped link carried 99 % of its rate (bench.comm, docs/COMM.md)
 FIRST_BUCKET_MB, BUCKET_CAP_MB = 1.0, 25.0  # DDP's buckets: a small first one, then --bucket-cap-mb
+FSDP_SHARE = 1.5  # fsdp's bytes a step over an all-reduce of its gradients (payload)
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,18 @@ class Payload:
     says: str
 
 
-def payload(grad_mb: float, model: str | None, comm_config: dict | None, buckets: int | None) -> Payload:
-    """The gradients as the run's comm hook sends them: fp16/bf16 half, PowerSGD its rank's share."""
+def payload(grad_mb: float, model: str | None, comm_config: dict | None, buckets: int | None,
+            mode: str | None = None) -> Payload:
+    """The gradients as the run's comm hook sends them: fp16/bf16 half, PowerSGD its rank's share;
+    fsdp (handler/FSDP/model.py: fully_shard, resharded after forward) gathers its fp32 parameters
+    in forward and again in backward and reduce-scatters the gradients: each of the three carries
+    half an all-reduce's bytes, so 1.5 times an all-reduce of the gradients."""
     config = comm_config or {}
     hook, cap = config.get("hook") or "allreduce", config.get("bucket_cap_mb") or BUCKET_CAP_MB
     count = buckets or default_buckets(grad_mb, cap)
+    if mode == "fsdp":
+        return Payload(grad_mb * FSDP_SHARE, count, 1, f"{grad_mb * FSDP_SHARE:.3g} MB (fsdp: parameters gathered "
+                       f"twice and gradients reduce-scattered, 1.5 times an all-reduce of {grad_mb:.3g} MB)")
     if hook in ("fp16", "bf16"):
         return Payload(grad_mb / 2, count, 1, f"{grad_mb / 2:.3g} MB ({hook}: half of {grad_mb:.3g} MB)")
     if hook == "powersgd":

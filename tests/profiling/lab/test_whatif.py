@@ -171,6 +171,19 @@ def test_each_comm_hook_sends_its_own_bytes(hook, mb):
         assert by_count(found)[2]["comm_ms"] == pytest.approx(mb * 8, rel=0.02)
 
 
+@pytest.mark.parametrize("named", [{"report": "nsight_logs/fsdp_20261128_120000/gpu_1.nsys-rep"},
+                                   {"report": "logs/fsdp_cpu1.nsys-rep"}, {"run_mode": "fsdp"}])
+def test_fsdp_sends_half_again_an_all_reduces_bytes(named):
+    """fully_shard gathers the parameters in forward and again in backward and reduce-scatters the
+    gradients; before, fsdp was sent as ddp's one all-reduce."""
+    ddp = predictions({**TA_DDP_1GPU, "model": "resnet18"}, (2,), Link(1.0, 0.0))
+    fsdp = predictions({**TA_DDP_1GPU, "model": "resnet18", **named}, (2,), Link(1.0, 0.0))
+    assert fsdp["sent"].mb == pytest.approx(1.5 * 44.696) and ddp["sent"].mb == pytest.approx(44.696)
+    assert by_count(fsdp)[2]["comm_ms"] == pytest.approx(1.5 * by_count(ddp)[2]["comm_ms"], rel=0.02)
+    assert by_count(fsdp)[1]["epoch_s"] == pytest.approx(by_count(ddp)[1]["epoch_s"])  # its own count: as measured
+    assert "fsdp: parameters gathered twice" in fsdp["sent"].says
+
+
 def test_a_powersgd_rank_without_its_bytes_tabulated_is_said_in_one_line_not_sent_as_fp32():
     from handler.profiling.scaling.links import payload
     from handler.runtime.errors import UserError
