@@ -149,6 +149,7 @@ def killer_cleanup():
         proc.log.close()
 
 
+@pytest.mark.slow  # a 2-rank run killed for one check: CI's slow step (pytest.ini)
 def test_sigkill_of_one_spawned_rank_ends_the_job_fast_naming_it(data_root, tmp_path, killer_cleanup):
     proc = start(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", tmp_path,
                   "--epochs", 30, *LONG], tmp_path)
@@ -339,6 +340,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # runs killed inside their saves for one check: CI's slow step (pytest.ini)
 def test_a_kill_during_a_save_never_leaves_a_corrupt_checkpoint(tmp_path):
     path, started = tmp_path / "last.pt", tmp_path / "started"
     for delay in (0.3, 0.45, 0.6, 0.75, 0.9):

@@ -34,6 +34,7 @@ def test_the_goal_takes_the_median_of_the_paired_rounds():
     assert not _goal(rounds)["slow_stage_bubble"]["met"]
 
 
+@pytest.mark.slow  # bench.pp's runs for one check: CI's slow step (pytest.ini)
 def test_a_pipeline_run_and_the_one_process_reference_measure_real_ranks(tmp_path):
     """bench.pp's own measurement (worker, measure, the saved-activation count) on the
     smallest size: one 2-stage 1F1B run and the one-process reference, spawned as in the bench."""
