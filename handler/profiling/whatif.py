@@ -51,9 +51,7 @@ def gradient_mb(model: str | None) -> float:
 
 def mode_of(summary: dict, split: Split) -> str:
     """dp (one process drives every GPU: the kit's dp_<time>/ folder or a dp_ name), pp (stages), else ddp."""
-    report = summary.get("report") or ""
-    parts = Path(report[0] if isinstance(report, list) else report).parts[-2:]
-    if any(p == "dp" or p.startswith(("dp_", "dp.")) for p in parts) or (split.gpu and split.processes < split.devices):
+    if _named(summary, "dp") or (split.gpu and split.processes < split.devices):
         return "dp"
     return "pp" if split.pipeline else "ddp"
 
@@ -62,9 +60,14 @@ def run_mode(summary: dict) -> str | None:
     """The harness's mode a report ran, where its summary or its name says it (fsdp sends its own bytes)."""
     if summary.get("run_mode"):
         return summary["run_mode"].split()[0].split("+")[0]
+    return "fsdp" if _named(summary, "fsdp") else None
+
+
+def _named(summary: dict, mode: str) -> bool:
+    """Whether the report's file or folder is named for `mode` (mode, mode_..., mode.xxx: ours and the kit's)."""
     report = summary.get("report") or ""
     parts = Path(report[0] if isinstance(report, list) else report).parts[-2:]
-    return "fsdp" if any(p == "fsdp" or p.startswith(("fsdp_", "fsdp.")) for p in parts) else None
+    return any(p == mode or p.startswith((f"{mode}_", f"{mode}.")) for p in parts)
 
 
 def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb: float | None = None,

@@ -32,62 +32,61 @@ UNKNOWN = "not recorded"
 def machine_of(export: Path | None, ranks: list[dict], metrics: dict | None = None) -> dict:
     """ranks: the summary's ranks (their pids). export: the report's SQLite export, or None."""
     env, config = (metrics or {}).get("env") or {}, (metrics or {}).get("config") or {}
-    system, threads, passes = _read(export)
+    system, threads = _read(export)
     cores, cores_from = (system, "nsys TARGET_INFO_SYSTEM_ENV CpuCores") if system else \
         (env.get("cpu_cores"), "metrics env.cpu_cores") if env.get("cpu_cores") else \
         (env.get("cpu_count"), "metrics env.cpu_count") if env.get("cpu_count") else (None, UNKNOWN)
     if config.get("workers") is not None:
         workers, workers_from = float(config["workers"]), "metrics config.workers"
     else:
-        pids = [r.get("pid") for r in ranks]
-        workers, workers_from = _workers(threads, pids, _passes_of(passes, pids))
+        workers, workers_from = _workers(export, threads, [r.get("pid") for r in ranks])
     return {"cpu_cores": cores, "cpu_cores_from": cores_from, "loader_workers": workers,
             "loader_workers_from": workers_from, "threads_per_rank": env.get("torch_threads"),
             "threads_per_rank_from": "metrics env.torch_threads" if env.get("torch_threads") else UNKNOWN}
 
 
-def _read(export: Path | None) -> tuple[int | None, dict | None, dict]:
-    """(CpuCores or None, {pid: [thread names]} or None without a ThreadNames table,
-    {pid: [epoch ranges, validate or test ranges]})."""
+def _read(export: Path | None) -> tuple[int | None, dict | None]:
+    """(CpuCores or None, {pid: [thread names]} or None without a ThreadNames table)."""
     if export is None:
-        return None, None, {}
+        return None, None
     with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         cores = None
         if "TARGET_INFO_SYSTEM_ENV" in tables:
             row = db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CpuCores'").fetchone()
             cores = int(row[0]) if row and str(row[0]).isdigit() else None
-        threads, passes = None, {}
+        threads = None
         if {"ThreadNames", "StringIds"} <= tables:
             threads = {}
             for tid, name in db.execute("SELECT t.globalTid, s.value FROM ThreadNames t JOIN StringIds s "
                                         "ON s.id = t.nameId"):
                 threads.setdefault((tid >> 24) & 0xFFFFFF, []).append(name)
-        if {"NVTX_EVENTS", "StringIds"} <= tables:
-            for text, tid in db.execute("SELECT COALESCE(n.text, s.value), n.globalTid FROM NVTX_EVENTS n "
-                                        "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.end IS NOT NULL"):
-                kind = 0 if text and EPOCH.match(text) else 1 if text in (VALIDATE, TEST) else None
-                if kind is not None:
-                    passes.setdefault((tid >> 24) & 0xFFFFFF, [0, 0])[kind] += 1
-    return cores, threads, passes
+    return cores, threads
 
 
-def _passes_of(passes: dict, pids: list) -> int | None:
+def _passes(export: Path, pids: list) -> int | None:
     """DataLoader passes per rank where the report names them all (our validate/test ranges beside
-    the epochs) and every rank made as many; else None."""
-    counts = {tuple(passes.get(pid, (0, 0))) for pid in pids}
-    if len(counts) != 1:
+    the epochs) and every rank made as many; else None. Read only for a report with DataLoader workers."""
+    counts = {}
+    with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
+        for text, tid in db.execute("SELECT COALESCE(n.text, s.value), n.globalTid FROM NVTX_EVENTS n "
+                                    "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.end IS NOT NULL"):
+            kind = 0 if text and EPOCH.match(text) else 1 if text in (VALIDATE, TEST) else None
+            if kind is not None:
+                counts.setdefault((tid >> 24) & 0xFFFFFF, [0, 0])[kind] += 1
+    per_rank = {tuple(counts.get(pid, (0, 0))) for pid in pids}
+    if len(per_rank) != 1:
         return None
-    epochs, evaluations = counts.pop()
+    epochs, evaluations = per_rank.pop()
     return epochs + evaluations if epochs and evaluations else None
 
 
-def _workers(threads: dict | None, pids: list, passes: int | None) -> tuple[float | None, str]:
-    if threads is None:
+def _workers(export: Path | None, threads: dict | None, pids: list) -> tuple[float | None, str]:
+    if export is None or threads is None:
         return None, UNKNOWN + " (the report has no thread names)"
     forked = sorted(pid for pid, names in threads.items() if DATA_WORKER in names)
     if forked:
-        return _dataloader_workers(forked, len(pids), passes)
+        return _dataloader_workers(forked, len(pids), _passes(export, pids))
     pools = [len({m.group(1) for n in threads.get(pid, ()) if (m := DALI_POOL.match(n))}) for pid in pids]
     if any(pools):
         return max(pools), "report: DALI's `[DALI][TPk]` threads in a rank"
