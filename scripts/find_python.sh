@@ -57,7 +57,7 @@ choose_run_python() {
     fi
     # First use creates .venv. An existing .venv keeps its builds: a driver they do not fit
     # stops later in one line naming the fix (handler/runtime/devices.py).
-    # setup.sh's exit 2 is its own one line (a broken driver, no build that fits): nothing to add.
+    # setup.sh's exit 2 is its own one line (a broken driver, no build that fits, no room on disk): nothing to add.
     local code=0
     SETUP_KEEP_BUILD=1 bash "$ROOT/scripts/setup.sh" >&2 || code=$?
     if [ "$code" != 0 ]; then

@@ -36,7 +36,7 @@ if [[ -z "${PYTHON:-}" ]]; then
     else
         code=0
         bash "$ROOT/scripts/setup.sh" requirements-test.txt >&2 || code=$?
-        [ "$code" = 2 ] && exit 2  # setup.sh said why in one line (a broken driver, no build that fits)
+        [ "$code" = 2 ] && exit 2  # setup.sh said why in one line (a broken driver, no build that fits, no room)
         [ "$code" = 0 ] || { say "set-up failed; see above (no internet? --offline)"; exit 1; }
         PYTHON="$ROOT/.venv/bin/python"
     fi

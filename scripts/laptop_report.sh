@@ -9,11 +9,15 @@ say() { echo "laptop report: $*"; }
 venv="${LAPTOP_VENV:-.venv-report}"
 req=requirements-report.txt
 
+stamp="$venv/.installed-$(sha1sum "$req" | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+    . scripts/free_space.sh
+    room_for "laptop report" "$venv" 1 1 || exit 1
+fi
 if [ ! -x "$venv/bin/python" ]; then
     say "creating $venv with $("${PYTHON_BOOTSTRAP:-python3}" --version)"
     "${PYTHON_BOOTSTRAP:-python3}" -m venv "$venv" || exit 1
 fi
-stamp="$venv/.installed-$(sha1sum "$req" | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     say "installing $req into $venv (first time only)"
     "$venv/bin/python" -m pip install -q -r "$req" || { say "FAIL: could not install $req"; exit 1; }

@@ -9,7 +9,8 @@
 # nvidia-dali-cuda130 where it fits, else torch from PyTorch's cu126 index (V100, P100; every
 # CUDA 12 driver) or cu128 one (Blackwell on a CUDA 12.8/12.9 driver) + nvidia-dali-cuda120. No
 # GPU: PyPI's torch + nvidia-dali-cuda120. Where no build fits, one line and exit 2; so too where
-# nvidia-smi cannot reach an installed driver (CUDA_VISIBLE_DEVICES= sets up the no-GPU choice anyway).
+# nvidia-smi cannot reach an installed driver (CUDA_VISIBLE_DEVICES= sets up the no-GPU choice anyway),
+# and where the disk lacks room for the install.
 # TORCH_INDEX_URL overrides the torch index. SETUP_DRY_RUN=1 prints what it would do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +59,17 @@ for done_file in "$stamp" "$covered"; do
 done
 
 echo "setup: build choice: $choice ($REASON)"
+# Room first (scripts/free_space.sh): a torch build took 7 GiB in .venv and 3 GiB of pip's
+# downloads at its peak; requirements beside an installed torch, far less.
+if [ "$dry" != 1 ]; then
+    . scripts/free_space.sh
+    venv_gib=7 tmp_gib=3
+    if [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' >/dev/null 2>&1 \
+       && [ "$installed_index" = "$TORCH_INDEX_URL" ]; then
+        venv_gib=1 tmp_gib=1
+    fi
+    room_for setup .venv "$venv_gib" "$tmp_gib" || exit 2
+fi
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv with $("$python" --version)"
     run "$python" -m venv .venv

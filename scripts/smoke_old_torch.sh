@@ -36,13 +36,17 @@ if [ -x "$venv/bin/python" ] && [ -n "$python_version" ] \
     say "$venv is not Python $python_version: making it again"
     rm -rf "$venv"
 fi
+stamp="$venv/.installed-$(sha1sum "$req" | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+    . scripts/free_space.sh  # a second torch: as much room as setup.sh's first
+    room_for smoke "$venv" 7 3 || exit 1
+fi
 if [ ! -x "$venv/bin/python" ]; then
     [ -n "$bootstrap" ] && command -v "$bootstrap" >/dev/null 2>&1 \
         || { say "no Python ${python_version:-3} to make $venv with: install python$python_version or set PYTHON_BOOTSTRAP"; exit 1; }
     say "creating $venv with $("$bootstrap" --version)"
     "$bootstrap" -m venv "$venv" || exit 1
 fi
-stamp="$venv/.installed-$(sha1sum "$req" | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     say "installing $req into $venv (a second torch; first time only)"
     "$venv/bin/python" -m pip install -q -r "$req" || { say "FAIL: could not install $req"; exit 1; }
