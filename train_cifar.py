@@ -10,11 +10,12 @@ from handler.DDP.utils import elastic_restart_count, launched_by_torchrun
 from handler.modes import parse_config, preflight, run_mode
 from handler.runtime.devices import cuda_status, require_usable_gpus
 from handler.runtime.errors import one_line_errors
-from handler.runtime.umask import apply_user_umask
+from handler.runtime.umask import apply_user_umask, say_started
 
 
 def main(argv=None) -> int:
     with one_line_errors():
+        say_started()  # launch.sh: nsys started the program
         apply_user_umask()  # before anything is written: nsys starts us with umask 000
         require_usable_gpus()  # GPUs this torch cannot use: stop, never train on the CPU instead
         cfg = parse_config(argv)

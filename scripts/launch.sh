@@ -193,6 +193,7 @@ if [[ $profiled == 1 ]]; then
     # it is stuck after training finished (scripts/nsys_watch.sh).
     watch_dir="$(mktemp -d -t launch-nsys-XXXXXX)"
     trap 'rm -rf "$watch_dir"' EXIT
+    export HARNESS_STARTED="$watch_dir/started"
     bash "$ROOT/scripts/nsys_watch.sh" "$watch_dir/pid" "$metrics" "$watch_dir/cause" "$NSYS_EXIT_TIMEOUT" &
     watchdog=$!
     bash -c 'echo $$ >"$0"; exec "$@"' "$watch_dir/pid" \
@@ -217,7 +218,13 @@ if [[ $profiled == 1 && -f "$report" ]]; then
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m handler.profiling.report "$report" "${analysis[@]}" \
         && say "summary: $NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.summary.md" || true
 fi
-# Last, so that it is the line a user sees.
+# Last, so that it is the line a user sees. The program touches HARNESS_STARTED first thing
+# (handler/runtime/umask.py): without it nsys never started the program.
+if [[ $profiled == 1 && $status != 0 && -z $stuck && ! -e "$watch_dir/started" ]]; then
+    say "nsys $HARNESS_NSYS exited $status before the training started (no report, no metrics; its message is" \
+        "above: nsys 2022.4 at times fails to open its session, 'Local Endpoint is not available'): run" \
+        "again, or PROFILE=0 to train unprofiled"
+fi
 if [[ -n $stuck ]]; then
     [[ -f "$report" ]] && stuck+=", the report is kept" || stuck+=", no report was written"
     say "$stuck"

@@ -1,4 +1,5 @@
-"""The user's umask, restored inside a profiled run.
+"""What scripts/launch.sh passes a profiled run: the user's umask, restored inside it, and
+the file that says the program started.
 
 nsys starts the program with umask 000, so without this every checkpoint, metrics file and
 data folder a profiled run writes would be world-writable: anyone on a shared machine could
@@ -6,6 +7,7 @@ replace `last.pt`. scripts/launch.sh passes the shell's umask in HARNESS_UMASK a
 program applies it before it writes anything. Spawned ranks inherit it.
 """
 import os
+from pathlib import Path
 
 from .errors import UserError
 
@@ -22,3 +24,14 @@ def apply_user_umask() -> None:
         raise UserError(f"HARNESS_UMASK='{value}' is not an octal umask such as 0022; unset it, "
                         "or let scripts/launch.sh set it from your shell's umask")
     os.umask(mask)
+
+
+def say_started() -> None:
+    """Touch HARNESS_STARTED: launch.sh then knows nsys started the program, and names an nsys
+    that did not (its own session failure) instead of leaving a student to read a training failure."""
+    path = os.environ.pop("HARNESS_STARTED", "")
+    if path:
+        try:
+            Path(path).touch()
+        except OSError as err:  # the launcher's folder is gone: only its last line would be lost
+            print(f"note: could not tell launch.sh that the training started ({err})", flush=True)

@@ -25,8 +25,10 @@ FAKE_VERSION = "2022.4.2.1-fake"
 TINY = ["--dataset", "synthetic", "--synthetic-train", "64", "--synthetic-test", "32", "--batch-size", "32",
         "--workers", "0", "--valid-size", "0", "--no-progress", "--epochs", "1", "--model", "resnet20"]
 FAKE_NSYS = f"""#!/bin/bash
-# nsys stand-in. FAKE_NSYS_AFTER: exit (default), hang (a stuck child, SIGTERM ignored) or
-# busy (working for FAKE_NSYS_BUSY_S, as while writing a big report, then exit).
+# nsys stand-in. FAKE_NSYS_AFTER: exit (default), hang (a stuck child, SIGTERM ignored),
+# busy (working for FAKE_NSYS_BUSY_S, as while writing a big report, then exit), nostart
+# (nsys 2022.4's failure to open its session, before the program starts: no report), or
+# noreport (the program ran, and no report, as nsys 2022.4 leaves for a program that stops at once).
 [[ $1 == --version ]] && {{ echo "NVIDIA Nsight Systems version {FAKE_VERSION}"; exit 0; }}
 [[ $1 == profile ]] || exit 1
 shift
@@ -43,6 +45,10 @@ work() {{
         t=${{EPOCHREALTIME/./}}; while (( ${{EPOCHREALTIME/./}} - t < 20000 )); do :; done; sleep 0.08
     done
 }}
+if [[ ${{FAKE_NSYS_AFTER:-}} == nostart ]]; then
+    echo "Error: QuadDCommon::RuntimeException: Local Endpoint is not available." >&2
+    exit 1
+fi
 [[ ${{FAKE_NSYS_AFTER:-}} == busy ]] && {{ work 3600 & agent=$!; }}
 # hang: an agent as nsys 2022.4 starts one, a daemon (init its parent, a session of its own)
 # whose --session-name ends in this nsys's PID.
@@ -52,7 +58,7 @@ if [[ ${{FAKE_NSYS_AFTER:-}} == hang ]]; then
 fi
 (umask 000; exec "$@")
 status=$?
-echo "partial report" >"$out.nsys-rep"
+[[ ${{FAKE_NSYS_AFTER:-}} == noreport ]] || echo "partial report" >"$out.nsys-rep"
 case "${{FAKE_NSYS_AFTER:-exit}}" in
     hang) trap '' TERM
           sleep 3600 & echo $! >"$FAKE_NSYS_STUCK_PID"
@@ -192,6 +198,25 @@ def test_a_stuck_nsys_on_a_loaded_machine_is_still_ended_after_the_timeout(tmp_p
     assert cause.startswith("nsys made no progress for 2 s after training finished"), cause
     assert status == -15 or status == 143, status  # SIGTERM, by PID
     assert elapsed < 20
+
+
+def test_an_nsys_that_fails_to_start_the_training_is_named_with_the_fix_on_the_last_line(tmp_path, fake_nsys):
+    """nsys 2022.4's own start failure ('Local Endpoint is not available'): no report, no
+    metrics. Before, nsys's message was the last word, and a student read a training failure."""
+    run = launch(tmp_path, budget=20, PATH=fake_nsys, FAKE_NSYS_AFTER="nostart")
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert last.startswith(f"launch: nsys {FAKE_VERSION} exited 1 before the training started"), last
+    assert "run again, or PROFILE=0 to train unprofiled" in last, last
+    assert "Local Endpoint is not available." in run.stderr
+
+
+def test_a_training_that_fails_under_nsys_is_not_blamed_on_nsys(tmp_path, fake_nsys):
+    """The program ran and stopped in one line, and, as nsys 2022.4 does then, no report was
+    written: the trainer's line is the news, not nsys."""
+    run = launch(tmp_path, "--epochs", "0", budget=20, PATH=fake_nsys, FAKE_NSYS_AFTER="noreport")
+    assert "--epochs 0: train for at least 1 epoch" in run.stderr
+    assert run.returncode != 0 and "before the training started" not in run.stdout + run.stderr, run.stdout
 
 
 @pytest.mark.parametrize("timeout", ["0", "2m", "-5"])
