@@ -191,8 +191,13 @@ def _summary_of(row: dict) -> dict:
 
 def _mode(mode: str, row: dict) -> str:
     """The lab page's modes are the kit's names (or compare's labels, which start with the mode)."""
-    name = mode.split()[0].split("+")[0]
+    name = _name(mode)
     return "dp" if name == "dp" or row.get("processes", 0) < row.get("gpus_ran", 0) else "pp" if name == "pp" else "ddp"
+
+
+def _name(mode: str) -> str:
+    """The mode a lab-page row names: `dp`, or compare's `dp+amp [fp16]`, is dp."""
+    return mode.split()[0].split("+")[0]
 
 
 def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None:
@@ -217,7 +222,7 @@ def _factors(mode: str, base: dict, splits: dict) -> dict:
     """A CPU run's compute at other counts, from the other modes of rank-per-process (not dp, not pp)."""
     if base["gpus_ran"] or _mode(mode, base) != "ddp":
         return {}
-    others = {m: by for m, by in splits.items() if m != mode and m.split()[0] not in ("dp", "pp")
+    others = {m: by for m, by in splits.items() if m != mode and _name(m) not in ("dp", "pp")
               and all(not s.gpu for s in by.values())}
     return cpu_factors(others, base["gpus"])
 

@@ -17,6 +17,7 @@ from handler.compare.results import build_rows
 from handler.compare.runner import Outcome
 from handler.profiling import whatif
 from handler.profiling.scaling.links import POWERSGD_MB, Link
+from handler.profiling.scaling.step import Split
 from handler.profiling.whatif import predictions
 from tests.nsys_helpers import REPO
 
@@ -106,6 +107,18 @@ def test_a_cpu_run_holds_its_compute_unless_other_reports_of_the_machine_measure
     faster = by_count(predictions(CPU_1RANK, (1, 2), factors={2: 1 / 1.4}))
     assert faster[2]["terms_ms"]["cores"] == pytest.approx(cells[1]["terms_ms"]["cores"] / 1.4)
     assert "x0.71 measured by other reports" in whatif.facts(predictions(CPU_1RANK, (2,), factors={2: 1 / 1.4}))
+
+
+def test_a_cpu_runs_compute_comes_from_rank_per_process_modes_only_whatever_their_label():
+    """The defect: `dp+amp` (compare's label) passed the filter that `dp` failed, so a CPU dp run's
+    one process at 2 'GPUs' would have scaled a ddp run's compute."""
+    def cpu(busy):
+        return Split(processes=1, devices=1, gpu=False, epochs=1, steps_per_epoch=4, step=busy, wait=0, host=busy,
+                     busy=busy, comm=None, exposed=0, buckets=None, compute_share=0.5, pipeline=None)
+    splits = {"ddp": {1: cpu(1.0)}, "ddp_dali": {1: cpu(1.0), 2: cpu(0.7)},
+              "dp+amp": {1: cpu(1.0), 2: cpu(1.0)}, "pp [2 stages]": {1: cpu(1.0), 2: cpu(1.0)}}
+    base = {"gpus_ran": 0, "gpus": 1, "processes": 1}
+    assert whatif._factors("ddp", base, splits) == {2: pytest.approx(0.7)}
 
 
 def test_each_cell_names_the_resource_that_bounds_it():
