@@ -16,12 +16,17 @@ free_mib() {
 room_for() {
     local who="$1" dir="$2" need="$3" need_tmp="$4" tmp="${TMPDIR:-/tmp}" here there
     here="$(nearest "$dir")" there="$(nearest "$tmp")"
-    if [ "$(stat -c %d "$here")" = "$(stat -c %d "$there")" ]; then
+    if [ "$(disk_of "$here")" = "$(disk_of "$there")" ]; then
         short "$who" "$dir with pip's downloads (TMPDIR=$tmp)" "$here" $((need + need_tmp)) || return 2
     else
         short "$who" "$dir" "$here" "$need" || return 2
         short "$who" "pip's download folder (TMPDIR=$tmp)" "$there" "$need_tmp" || return 2
     fi
+}
+
+# disk_of PATH: the device number of PATH's file system (GNU stat, else BSD's: a Mac runs the laptop report).
+disk_of() {
+    stat -c %d "$1" 2>/dev/null || stat -f %d "$1"
 }
 
 # nearest PATH: PATH, or its nearest existing parent, made absolute.
