@@ -6,9 +6,9 @@
 # venv and a pip traceback (a cluster's home quota, a box full of old clones), so the room is
 # checked first, and a lack of it is one line.
 
-# free_mib PATH: MiB free on PATH's file system (PATH, or its nearest existing parent).
+# free_mib PATH: MiB free on the file system of PATH (one that exists: room_for found it).
 free_mib() {
-    df -Pk "$(nearest "$1")" | awk 'NR == 2 { print int($4 / 1024) }'
+    df -Pk "$1" | awk 'NR == 2 { print int($4 / 1024) }'
 }
 
 # room_for WHO DIR DIR_GIB TMP_GIB: returns 2 after one line on stderr when DIR's disk lacks

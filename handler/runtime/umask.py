@@ -7,6 +7,7 @@ replace `last.pt`. scripts/launch.sh passes the shell's umask in HARNESS_UMASK a
 program applies it before it writes anything. Spawned ranks inherit it.
 """
 import os
+import sys
 from pathlib import Path
 
 from .errors import UserError
@@ -34,4 +35,4 @@ def say_started() -> None:
         try:
             Path(path).touch()
         except OSError as err:  # the launcher's folder is gone: only its last line would be lost
-            print(f"note: could not tell launch.sh that the training started ({err})", flush=True)
+            print(f"note: could not tell launch.sh that the training started ({err})", file=sys.stderr, flush=True)
