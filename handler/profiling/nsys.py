@@ -10,6 +10,16 @@ from pathlib import Path
 from handler.runtime.errors import UserError
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")  # .qdrep: nsys before 2021.4
+
+
+def reports_in(folder: Path) -> list[Path]:
+    """A folder's reports: its .nsys-rep (.qdrep) files, and each .sqlite that is not the export
+    of one of them (a teammate's export copied in beside them is a report of its own)."""
+    reports = [p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES]
+    stems = {p.stem for p in reports}
+    return sorted([*reports, *(p for p in folder.glob("*.sqlite") if p.stem not in stems)])
+
+
 INSTALL_HINT = "install it with scripts/install_nsys.sh (or from https://developer.nvidia.com/nsight-systems)"
 
 

@@ -25,7 +25,7 @@ from .merge import merge
 from .conventions import from_mapping
 from .lab.cells import is_kit_layout, lab_reports
 from .lab.page import build_lab, say_left_off
-from .nsys import REPORT_SUFFIXES, nsys_version, open_with, recorded_version, sqlite_export
+from .nsys import nsys_version, open_with, recorded_version, reports_in, sqlite_export
 from .render import markdown, one_line
 from .trace import load_trace
 
@@ -59,11 +59,11 @@ def load_metrics(path: Path) -> dict:
 
 
 def reports_of(paths: list[Path]) -> list[Path]:
-    """The reports named, a folder standing for its .nsys-rep files (its .sqlite exports if it has none)."""
+    """The reports named, a folder standing for its reports (nsys.reports_in)."""
     found = []
     for path in paths:
         if path.is_dir():
-            inside = sorted(p for p in path.iterdir() if p.suffix in REPORT_SUFFIXES) or sorted(path.glob("*.sqlite"))
+            inside = reports_in(path)
             if not inside:
                 raise UserError(f"{path} holds no .nsys-rep or .sqlite report; pass a folder of nsys reports")
             found += inside

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError
 
-from ..nsys import REPORT_SUFFIXES
+from ..nsys import reports_in
 
 KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
 KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
@@ -18,14 +18,9 @@ FLAT_NAME = re.compile(r"(?P<mode>ddp_dali|ddp|dp|fsdp|pp)\b|(?P<mode2>ddp_dali|
 GPUS_IN_NAME = re.compile(r"(?:gpu_?(?P<a>\d+)|(?P<b>\d+)_?gpus?)", re.I)
 
 
-def _reports_in(folder: Path) -> list[Path]:
-    found = sorted(p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES)
-    return found or sorted(folder.glob("*.sqlite"))
-
-
 def is_kit_layout(path: Path) -> bool:
     """A folder of <mode>_<time>/ folders holding gpu_<N> reports."""
-    return path.is_dir() and any(sub.is_dir() and KIT_FOLDER.match(sub.name) and _reports_in(sub)
+    return path.is_dir() and any(sub.is_dir() and KIT_FOLDER.match(sub.name) and reports_in(sub)
                                  for sub in path.iterdir())
 
 
@@ -35,9 +30,9 @@ def lab_reports(paths: list[Path]) -> list[dict]:
     for path in paths:
         if is_kit_layout(path):
             reports += [r for sub in sorted(s for s in path.iterdir() if s.is_dir() and KIT_FOLDER.match(s.name))
-                        for r in _reports_in(sub)]
+                        for r in reports_in(sub)]
         else:
-            reports += _reports_in(path) if path.is_dir() else [path]
+            reports += reports_in(path) if path.is_dir() else [path]
     if not reports:
         raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; pass the kit's "
                         "nsight_logs folder or the reports themselves")

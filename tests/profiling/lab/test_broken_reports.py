@@ -111,6 +111,19 @@ def test_the_whatif_of_a_run_with_no_complete_epoch_is_one_line_saying_where_it_
     assert "the run ended inside epoch 0" in done.stderr and "finishes at least one epoch" in done.stderr
 
 
+def test_an_export_beside_other_runs_reports_is_a_report_of_its_own(tmp_path):
+    """The defect: a folder with .nsys-rep files hid every .sqlite in it, so an empty export a
+    student copied in beside the kit's gpu_1 and gpu_2 reports was neither shown nor named."""
+    run = tmp_path / "ddp_20261128_161106"
+    run.mkdir()
+    for name in ("gpu_1.nsys-rep", "gpu_1.sqlite", "gpu_2.nsys-rep", "gpu_4.sqlite"):
+        (run / name).write_bytes(b"")
+    assert [Path(r["report"]).name for r in lab_reports([tmp_path])] == ["gpu_1.nsys-rep", "gpu_2.nsys-rep",
+                                                                         "gpu_4.sqlite"]
+    from handler.profiling.report import reports_of
+    assert [p.name for p in reports_of([run])] == ["gpu_1.nsys-rep", "gpu_2.nsys-rep", "gpu_4.sqlite"]
+
+
 @pytest.fixture(scope="module")
 def student_folder(tmp_path_factory):
     """What a student's folder can hold after a bad night: a good report, a run killed inside
