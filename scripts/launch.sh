@@ -194,12 +194,25 @@ if [[ $profiled == 1 ]]; then
     watch_dir="$(mktemp -d -t launch-nsys-XXXXXX)"
     trap 'rm -rf "$watch_dir"' EXIT
     export HARNESS_STARTED="$watch_dir/started"
-    bash "$ROOT/scripts/nsys_watch.sh" "$watch_dir/pid" "$metrics" "$watch_dir/cause" "$NSYS_EXIT_TIMEOUT" &
-    watchdog=$!
-    bash -c 'echo $$ >"$0"; exec "$@"' "$watch_dir/pid" \
-        nsys profile "${NSYS_PROFILE_OPTS[@]}" --output "$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME" "${train[@]}" \
-        || status=$?
-    wait "$watchdog" || true
+    profile_once() {
+        status=0
+        bash "$ROOT/scripts/nsys_watch.sh" "$watch_dir/pid" "$metrics" "$watch_dir/cause" "$NSYS_EXIT_TIMEOUT" &
+        watchdog=$!
+        bash -c 'echo $$ >"$0"; exec "$@"' "$watch_dir/pid" \
+            nsys profile "${NSYS_PROFILE_OPTS[@]}" --output "$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME" "${train[@]}" \
+            || status=$?
+        wait "$watchdog" || true
+    }
+    # nsys that never started the program (the program touches HARNESS_STARTED first thing,
+    # handler/runtime/umask.py) failed its own session: nothing ran, so it is tried once more.
+    # Not after a signal (Ctrl-C: nsys exits 130).
+    never_started() { [[ ! -e "$watch_dir/started" && ! -s "$watch_dir/cause" && $status -lt 128 ]]; }
+    profile_once
+    if never_started; then
+        say "nsys $HARNESS_NSYS exited $status before the training started (its message is above); trying once more"
+        profile_once
+    fi
+    never_started && [[ $status == 0 ]] && status=1  # no program ran: never a success
     if [[ -s "$watch_dir/cause" ]]; then
         stuck="nsys $HARNESS_NSYS did not exit: $(cat "$watch_dir/cause") (NSYS_EXIT_TIMEOUT=$NSYS_EXIT_TIMEOUT;"
         stuck+=" a known exit hang of nsys 2022.4, a newer nsys avoids it); the metrics are complete"
@@ -220,10 +233,10 @@ if [[ $profiled == 1 && -f "$report" ]]; then
 fi
 # Last, so that it is the line a user sees. The program touches HARNESS_STARTED first thing
 # (handler/runtime/umask.py): without it nsys never started the program.
-if [[ $profiled == 1 && $status != 0 && -z $stuck && ! -e "$watch_dir/started" ]]; then
-    say "nsys $HARNESS_NSYS exited $status before the training started (no report, no metrics; its message is" \
-        "above: nsys 2022.4 at times fails to open its session, 'Local Endpoint is not available'): run" \
-        "again, or PROFILE=0 to train unprofiled"
+if [[ $profiled == 1 && $status != 0 && $status -lt 128 && -z $stuck && ! -e "$watch_dir/started" ]]; then
+    say "nsys $HARNESS_NSYS exited $status before the training started, twice (no report, no metrics; its message" \
+        "is above: nsys 2022.4 at times fails its own session: 'Local Endpoint is not available', 'End of" \
+        "file'): run again, or PROFILE=0 to train unprofiled"
 fi
 if [[ -n $stuck ]]; then
     [[ -f "$report" ]] && stuck+=", the report is kept" || stuck+=", no report was written"

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import subprocess
 import sys
 
 import pytest
@@ -125,12 +126,20 @@ def test_the_nsys_comparison_times_a_plain_and_a_profiled_run():
     from types import SimpleNamespace
 
     from bench.nvtx_overhead import under_nsys
-    from tests.nsys_helpers import require_nsys
+    from tests.nsys_helpers import NSYS_SESSION_FAILURE, require_nsys
     from tests.parallel import one_at_a_time
     require_nsys()
     results = {}
     with one_at_a_time("nsys"):
-        line = under_nsys(SimpleNamespace(images=64, epochs=2), 1, results)
+        try:
+            line = under_nsys(SimpleNamespace(images=64, epochs=2), 1, results)
+        except subprocess.CalledProcessError as failed:  # nsys's own session failure: once more
+            said = (failed.stdout or b"").decode(errors="replace") + (failed.stderr or b"").decode(errors="replace")
+            if not NSYS_SESSION_FAILURE.search(said):
+                raise
+            print(f"nsys failed its own session ({NSYS_SESSION_FAILURE.search(said).group(0)}); trying once more")
+            results.clear()
+            line = under_nsys(SimpleNamespace(images=64, epochs=2), 1, results)
     assert results["epoch_s_plain"] > 0 and results["epoch_s_nsys"] > 0
     assert results["nsys_slowdown"] == results["epoch_s_nsys"] / results["epoch_s_plain"]
     assert line.startswith("\nunder nsys: epoch") and results["rounds"]["nsys"] == [results["epoch_s_nsys"]]
