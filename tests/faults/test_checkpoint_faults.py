@@ -50,6 +50,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
         assert torch.load(folder / "last.pt", weights_only=True)["epoch"] == 2
 
 
+@pytest.mark.slow  # CI's slow step (pytest.ini); the single-file case stays in the main suite
 def test_a_full_disk_while_saving_shards_is_the_same_one_line_and_keeps_the_previous_shards(two_epoch_run, tmp_path):
     """fsdp: every rank writes its shard (torch.distributed.checkpoint); the folder has room for
     the previous save but not the next. Before, each rank raised torch's CheckpointException."""

@@ -100,7 +100,8 @@ def run_kit(tmp_path, mode, data, *, start_epoch=0, epochs=2) -> list:
 
 
 # ddp_dali (DALI pipelines in both ranks, twice): CI's slow step (pytest.ini); ddp stays in the main suite.
-@pytest.mark.parametrize("mode", ["ddp", pytest.param("ddp_dali", marks=pytest.mark.slow)])
+# Both: CI's slow step (pytest.ini); the kit's run scripts stay in the main suite (tests/lab/test_lab_run_scripts.py).
+@pytest.mark.parametrize("mode", [pytest.param("ddp", marks=pytest.mark.slow), pytest.param("ddp_dali", marks=pytest.mark.slow)])
 def test_the_kits_train_cifar_flow_covers_every_image_once_and_averages_gradients(tmp_path, mode):
     if mode == "ddp_dali":
         pytest.importorskip("nvidia.dali")

@@ -23,7 +23,8 @@ def launch(tmp_path, *args, budget=10, **env):
     return run_process(["bash", LAUNCH, *args], cwd=tmp_path, env=settings, budget=budget)
 
 
-@pytest.fixture(scope="module", params=["ddp", "ddp_dali"])
+# ddp_dali: CI's slow step (pytest.ini); ddp stays in the main suite.
+@pytest.fixture(scope="module", params=["ddp", pytest.param("ddp_dali", marks=pytest.mark.slow)])
 def profiled(request, tmp_path_factory):
     """(mode, finished launch, its log folder) for one profiled CPU run per mode."""
     require_nsys()

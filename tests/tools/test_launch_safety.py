@@ -138,6 +138,7 @@ def test_a_busy_nsys_writing_its_report_is_never_ended(tmp_path, fake_nsys):
     assert "did not exit" not in run.stderr
 
 
+@pytest.mark.slow  # the backstop, 10 timeouts long: CI's slow step (pytest.ini)
 def test_a_busy_nsys_is_still_ended_ten_timeouts_after_training_finished(tmp_path, fake_nsys):
     run = launch(tmp_path, budget=25, PATH=fake_nsys, FAKE_NSYS_AFTER="busy", FAKE_NSYS_BUSY_S="600",
                  NSYS_EXIT_TIMEOUT="1")

@@ -116,7 +116,11 @@ def test_ctrl_c_inside_one_line_errors_is_one_line_and_exit_130():
             "from handler.runtime.errors import one_line_errors\n"
             "with one_line_errors('train'):\n"
             "    print('ready', flush=True)\n"
-            "    time.sleep(60)\n")
+            "    while True:\n"
+            "        time.sleep(0.05)\n")
+    # Short sleeps, as a training's steps are: a SIGINT that lands after 'ready' but before the
+    # sleep's system call starts is run by Python only at its next bytecode, which one
+    # time.sleep(60) put 60 s away (this test timed out once, on a loaded box).
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert proc.stdout.readline().strip() == "ready"
