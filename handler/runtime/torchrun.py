@@ -48,4 +48,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from handler.runtime.umask import say_started
+    say_started()  # scripts/slurm/nsys_node.sh: nsys started the program on this node
     sys.exit(main())
