@@ -17,12 +17,14 @@ TINY = ["--model", "resnet20", "--epochs", "1", "--dataset", "synthetic", "--syn
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def compared(tmp_path_factory):
+# Its one param carries the `slow` mark to every test that uses the matrix: CI's slow step
+# (pytest.ini); the matrix's rules without a run stay in the main suite.
+@pytest.fixture(scope="module", params=[pytest.param("dp,ddp", marks=pytest.mark.slow)])
+def compared(request, tmp_path_factory):
     """One small matrix: dp and ddp at 1 and 2 processes, plus a cell with a bad option."""
     tmp = tmp_path_factory.mktemp("compare")
     out = tmp / "report"
-    run = run_cli(["--modes", "dp,ddp", "--counts", "1,2", "--cell", "bad=ddp:--amp nope", "--profile", "0",
+    run = run_cli(["--modes", request.param, "--counts", "1,2", "--cell", "bad=ddp:--amp nope", "--profile", "0",
                    "--out", out, "--", *TINY, "--data", tmp / "data"],
                   cmd=[sys.executable, "-m", "handler.compare"], cwd=ROOT, env={"OMP_NUM_THREADS": "1"}, timeout=300)
     return run, out, json.loads((out / "results.json").read_text())
