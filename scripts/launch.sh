@@ -164,7 +164,7 @@ option_of() {
 # checkpoints, metrics and data are never world-writable (handler/runtime/umask.py).
 export HARNESS_UMASK="$(umask)"
 
-status=0 stuck=""
+status=0 stuck="" unstarted=""
 if [[ $profiled == 1 ]]; then
     source "$ROOT/scripts/nsys_options.sh"
     if [[ "${GPU_METRICS:-0}" == 1 ]]; then
@@ -191,7 +191,8 @@ if [[ $profiled == 1 ]]; then
     fi
     # nsys stays in the foreground (Ctrl-C reaches it as before); a watchdog ends it by PID if
     # it is stuck after training finished (scripts/nsys_watch.sh).
-    watch_dir="$(mktemp -d -t launch-nsys-XXXXXX)"
+    watch_dir="$(mktemp -d -t launch-nsys-XXXXXX 2>/dev/null)" \
+        || die "cannot make a folder in TMPDIR=${TMPDIR:-/tmp} for the profiled run; point TMPDIR at a writable folder"
     trap 'rm -rf "$watch_dir"' EXIT
     export HARNESS_STARTED="$watch_dir/started"
     profile_once() {
@@ -212,7 +213,10 @@ if [[ $profiled == 1 ]]; then
         say "nsys $HARNESS_NSYS exited $status before the training started (its message is above); trying once more"
         profile_once
     fi
-    never_started && [[ $status == 0 ]] && status=1  # no program ran: never a success
+    if never_started; then
+        unstarted=1
+        [[ $status == 0 ]] && status=1  # no program ran: never a success
+    fi
     if [[ -s "$watch_dir/cause" ]]; then
         stuck="nsys $HARNESS_NSYS did not exit: $(cat "$watch_dir/cause") (NSYS_EXIT_TIMEOUT=$NSYS_EXIT_TIMEOUT;"
         stuck+=" a known exit hang of nsys 2022.4, a newer nsys avoids it); the metrics are complete"
@@ -231,9 +235,8 @@ if [[ $profiled == 1 && -f "$report" ]]; then
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m handler.profiling.report "$report" "${analysis[@]}" \
         && say "summary: $NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.summary.md" || true
 fi
-# Last, so that it is the line a user sees. The program touches HARNESS_STARTED first thing
-# (handler/runtime/umask.py): without it nsys never started the program.
-if [[ $profiled == 1 && $status != 0 && $status -lt 128 && -z $stuck && ! -e "$watch_dir/started" ]]; then
+# Last, so that it is the line a user sees: nsys never started the program, tried twice.
+if [[ -n $unstarted ]]; then
     say "nsys $HARNESS_NSYS exited $status before the training started, twice (no report, no metrics; its message" \
         "is above: nsys 2022.4 at times fails its own session: 'Local Endpoint is not available', 'End of" \
         "file'): run again, or PROFILE=0 to train unprofiled"

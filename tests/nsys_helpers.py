@@ -51,9 +51,8 @@ def once_more_if_nsys_failed_to_start(run, pause_s: float = 2):
     session (said on stderr)."""
     result = run()
     output = (result.stdout or "") + (result.stderr or "")
-    if result.returncode != 0 and NSYS_SESSION_FAILURE.search(output):
-        print(f"nsys failed its own session ({NSYS_SESSION_FAILURE.search(output).group(0)}); trying once more",
-              file=sys.stderr)
+    if result.returncode != 0 and (failure := NSYS_SESSION_FAILURE.search(output)):
+        print(f"nsys failed its own session ({failure.group(0)}); trying once more", file=sys.stderr)
         time.sleep(pause_s)
         result = run()
     return result

@@ -12,7 +12,10 @@
 set -u
 stopped=""
 trap 'stopped=1' TERM INT
-marker_dir="$(mktemp -d -t nsys-node-XXXXXX)"
+marker_dir="$(mktemp -d -t nsys-node-XXXXXX 2>/dev/null)" || {
+    echo "train.sbatch: cannot make a folder in TMPDIR=${TMPDIR:-/tmp} on $(hostname); point TMPDIR at a writable folder" >&2
+    exit 2
+}
 trap 'rm -rf "$marker_dir"' EXIT
 export HARNESS_STARTED="$marker_dir/started"
 "$@"

@@ -5,6 +5,7 @@ here (its failure cannot be caused at will); the program is the real handler.run
 which tells the wrapper it started."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -91,3 +92,14 @@ def test_slurms_sigterm_reaches_the_program_and_the_wrapper_waits_for_its_save(t
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143 and saved.exists(), err
     assert "trying once more" not in err and (tmp_path / "tries").read_text().count("x") == 1
+
+
+def test_a_tmpdir_it_cannot_write_is_one_line_and_nothing_runs(tmp_path):
+    fake = tmp_path / "nsys"
+    fake.write_text(FAKE_NSYS)
+    fake.chmod(0o755)
+    run = subprocess.run(["bash", NODE, fake, "profile", *TORCHRUN_HELP], capture_output=True, text=True,
+                         env={**os.environ, "TMPDIR": "/proc", "FAKE_NSYS_TRIES": str(tmp_path / "tries")}, timeout=30)
+    assert run.returncode == 2 and not (tmp_path / "tries").exists(), run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"train.sbatch: cannot make a folder in TMPDIR=/proc on {socket.gethostname()}; point TMPDIR at a writable folder"]

@@ -217,6 +217,15 @@ def test_an_nsys_that_fails_to_start_the_training_is_named_with_the_fix_on_the_l
     assert run.stderr.count("trying once more") == 1
 
 
+def test_a_tmpdir_it_cannot_write_is_one_line_naming_tmpdir(tmp_path, fake_nsys):
+    """Found by hand: TMPDIR=/proc ended launch.sh in mktemp's own message."""
+    run = launch(tmp_path, budget=20, PATH=fake_nsys, TMPDIR="/proc")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.strip().splitlines()[-1] == ("launch: cannot make a folder in TMPDIR=/proc for the profiled run; "
+                                                   "point TMPDIR at a writable folder")
+    assert "mktemp" not in run.stderr
+
+
 def test_a_run_stopped_with_ctrl_c_before_the_training_started_is_not_tried_again(tmp_path, fake_nsys):
     run = launch(tmp_path, budget=20, PATH=fake_nsys, FAKE_NSYS_AFTER="interrupted")
     assert run.returncode == 130, run.stdout + run.stderr
