@@ -6,11 +6,17 @@ This file only parses, validates and dispatches; each mode lives in handler/ (se
 """
 import sys
 
-from handler.DDP.utils import elastic_restart_count, launched_by_torchrun
-from handler.modes import parse_config, preflight, run_mode
-from handler.runtime.devices import cuda_status, require_usable_gpus
+from handler.runtime.devices import mode_in, require_imports
 from handler.runtime.errors import one_line_errors
-from handler.runtime.umask import apply_user_umask, say_started
+
+if __name__ == "__main__":  # before the imports below load torch: one line per module this Python lacks
+    with one_line_errors():
+        require_imports(mode_in(sys.argv[1:]))
+
+from handler.DDP.utils import elastic_restart_count, launched_by_torchrun  # noqa: E402
+from handler.modes import parse_config, preflight, run_mode  # noqa: E402
+from handler.runtime.devices import cuda_status, require_usable_gpus  # noqa: E402
+from handler.runtime.umask import apply_user_umask, say_started  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,6 @@
 import the trainer needs, which optional pieces are there (DALI, pytest, an nsys that makes
 reports, a second GPU), one line per missing piece naming the rows it skips, and the seconds
 each check took in the last run in the same --out. docs/GPU_CHECK.md."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,26 +9,16 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
+from handler.runtime.devices import TRAINER_NEEDS, module_present
 from scripts.gpu_check_plan import Check
 
 ROOT = Path(__file__).resolve().parents[1]
 NSYS_PROBE_TIMEOUT_S = 150  # a tiny report takes about 1 s; nsys_options.sh stops it at 120 s
 
 
-def module_present(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ImportError:  # nvidia.dali: the namespace package may exist without dali
-        return False
-
-
-# What train_cifar.py imports beyond the standard library (module: its pip package). A Python
-# with torch but without one of them would fail every row with a traceback.
-TRAINER_NEEDS = {"torch": "torch", "torchvision": "torchvision", "numpy": "numpy", "tqdm": "tqdm", "PIL": "pillow"}
-
-
 def missing_pieces() -> List[str]:
-    """One line per import the trainer needs and this Python lacks; empty when it has them all."""
+    """One line per import the trainer needs (handler/runtime/devices.py's TRAINER_NEEDS) and this
+    Python lacks, which would fail every row with a traceback; empty when it has them all."""
     return [f"gpu_check: {sys.executable} cannot import {module}, which train_cifar.py needs (every check "
             f"would fail): pip install {package}, or name a Python that has it with PYTHON=" for module, package
             in TRAINER_NEEDS.items() if not module_present(module)]

@@ -29,8 +29,13 @@ if [[ -z "${PYTHON:-}" ]]; then
     choose_run_python lab_runs || exit 2
     export PYTHON  # chosen once, for both runs
 fi
-# torch counts them, honouring the caller's CUDA_VISIBLE_DEVICES (handler/runtime/devices.py).
-visible="$(cd "$ROOT" && "$PYTHON" -m handler.runtime.devices)" || exit 2
+command -v "$PYTHON" >/dev/null 2>&1 || {
+    echo "lab_runs: PYTHON=$PYTHON is not a program that runs; name a Python 3 that has torch, or unset PYTHON" >&2
+    exit 2
+}
+# torch counts them, honouring the caller's CUDA_VISIBLE_DEVICES (handler/runtime/devices.py);
+# first, one line per module the trainer (in this MODE) needs and this Python lacks.
+visible="$(cd "$ROOT" && "$PYTHON" -m handler.runtime.devices "$MODE")" || exit 2
 mkdir -p "$NSIGHT_LOG_DIR"
 
 for gpus in 1 2; do

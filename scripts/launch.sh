@@ -21,6 +21,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 say() { echo "launch: $*" >&2; }
 die() { say "$*"; exit 2; }
 
+[[ ! -v MODE || -n $MODE ]] || die "MODE is set but empty; name a mode (e.g. MODE=ddp), or unset it for ddp_dali"
 MODE="${MODE:-ddp_dali}"
 # The modes are handler/modes.py's, so a sixth mode there is one here too (README, "Adding a
 # sixth mode"). That module imports nothing heavy: any Python 3 reads it, before set-up.
@@ -39,6 +40,20 @@ fi
 
 # LOCAL_GPU_IDS picks among the GPUs the caller left visible, never beyond them: under a set
 # CUDA_VISIBLE_DEVICES its entries are places in that list (docs/PROFILING.md, "Settings").
+# Each GPU once (CUDA sees none where one is named twice), and no more of them than NUM_GPUS uses.
+if [[ -n "${LOCAL_GPU_IDS:-}" ]]; then
+    IFS=, read -ra ids <<<"${LOCAL_GPU_IDS// /}"
+    seen=" "
+    for id in "${ids[@]}"; do
+        key="$id"
+        [[ $id =~ ^[0-9]+$ ]] && key="$(( 10#$id ))"
+        [[ $seen != *" $key "* ]] || die "LOCAL_GPU_IDS=$LOCAL_GPU_IDS names GPU $id twice, and CUDA then sees no GPU;" \
+            "list each GPU once (e.g. LOCAL_GPU_IDS=0,1)"
+        seen+="$key "
+    done
+    [[ -z "${NUM_GPUS:-}" ]] || (( ${#ids[@]} <= NUM_GPUS )) || die "LOCAL_GPU_IDS=$LOCAL_GPU_IDS names ${#ids[@]} GPUs" \
+        "but NUM_GPUS=$NUM_GPUS; name $NUM_GPUS of them, or leave NUM_GPUS out to use all ${#ids[@]}"
+fi
 if [[ -n "${LOCAL_GPU_IDS:-}" && -v CUDA_VISIBLE_DEVICES ]]; then
     given=() picked=()
     [[ "${CUDA_VISIBLE_DEVICES// /}" == -1 ]] || IFS=, read -ra given <<<"${CUDA_VISIBLE_DEVICES// /}"
@@ -64,6 +79,39 @@ NSYS_EXIT_TIMEOUT="${NSYS_EXIT_TIMEOUT:-120}"
 [[ -z "${PROFILE_EPOCHS:-}" || "$PROFILE_EPOCHS" =~ ^(all|[0-9]+(:[0-9]+)?)$ ]] \
     || die "PROFILE_EPOCHS='$PROFILE_EPOCHS' is not A:B or all; e.g. PROFILE_EPOCHS=1:2 (0-based epochs, inclusive)"
 case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1; use GPU_METRICS=1 to sample GPU metrics (GPU runs)" ;; esac
+# The folders, before any set-up: one line naming the setting, never mkdir's message.
+folder_problem() {  # $1 the setting's name, $2 its folder
+    local up="$2"
+    while [[ ! -e $up && $up != / && $up != . ]]; do up="$(dirname "$up")"; done
+    [[ $up == "$2" ]] && [[ ! -d $up ]] && { echo "$1=$2 is a file; name a folder (it is made if missing)"; return; }
+    [[ -d $up ]] || { echo "$1=$2 is under $up, which is a file; name a folder"; return; }
+    [[ -w $up && -x $up ]] || echo "$1=$2: cannot write in $up; name a folder you can write in"
+}
+[[ -z "${DATA_DIR:-}" || ! -e "$DATA_DIR" || -d "$DATA_DIR" ]] \
+    || die "DATA_DIR=$DATA_DIR is a file; name the CIFAR-10 folder (torchvision's, or the course kit's PNG tree: docs/LAB.md)"
+for setting in DATA_DIR CKPT_DIR NSIGHT_LOG_DIR; do
+    [[ -n "${!setting:-}" ]] || continue
+    problem="$(folder_problem "$setting" "${!setting}")"
+    [[ -z $problem ]] || die "$problem"
+done
+
+if [[ -z "${PYTHON:-}" ]]; then
+    source "$ROOT/scripts/find_python.sh"
+    choose_run_python launch || exit 2
+fi
+command -v "$PYTHON" >/dev/null 2>&1 \
+    || die "PYTHON=$PYTHON is not a program that runs; name a Python 3 that has torch, or unset PYTHON (scripts/setup.sh)"
+# torch counts the GPUs (honouring CUDA_VISIBLE_DEVICES), and stops in one line when the
+# machine has GPUs this torch build cannot use: never CPU training with GPU defaults. First,
+# one line per module the trainer (in this MODE) needs and this Python lacks.
+visible_gpus="$(cd "$ROOT" && "$PYTHON" -m handler.runtime.devices "$MODE")" || exit 2
+if [[ "$visible_gpus" -gt 0 ]]; then
+    device=gpu default_count="$visible_gpus"
+else
+    device=cpu default_count=2
+fi
+NUM_GPUS="${NUM_GPUS:-$default_count}"
+
 if [[ $PROFILE == auto ]] && ! command -v nsys >/dev/null 2>&1 \
         && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
     # A fresh machine profiles too: installing system packages needs root or password-less sudo.
@@ -87,19 +135,6 @@ case "$PROFILE" in
           fi ;;
 esac
 
-if [[ -z "${PYTHON:-}" ]]; then
-    source "$ROOT/scripts/find_python.sh"
-    choose_run_python launch || exit 2
-fi
-# torch counts the GPUs (honouring CUDA_VISIBLE_DEVICES), and stops in one line when the
-# machine has GPUs this torch build cannot use: never CPU training with GPU defaults.
-visible_gpus="$(cd "$ROOT" && "$PYTHON" -m handler.runtime.devices)" || exit 2
-if [[ "$visible_gpus" -gt 0 ]]; then
-    device=gpu default_count="$visible_gpus"
-else
-    device=cpu default_count=2
-fi
-NUM_GPUS="${NUM_GPUS:-$default_count}"
 
 data_named="${DATA_DIR:+1}"  # the user's DATA_DIR: a CPU run trains on it too, never on a synthetic set
 DATA_DIR="${DATA_DIR:-./data}"
@@ -122,7 +157,7 @@ fi
 
 report="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.nsys-rep"
 metrics="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.metrics.json"
-mkdir -p "$NSIGHT_LOG_DIR"
+mkdir -p "$NSIGHT_LOG_DIR" 2>/dev/null || die "NSIGHT_LOG_DIR=$NSIGHT_LOG_DIR cannot be made; name a folder you can write in"
 # An earlier run's report, metrics and summary under this name move aside, never deleted; a
 # failed run then never shows the previous run's results either (scripts/earlier_runs.sh).
 source "$ROOT/scripts/earlier_runs.sh"

@@ -22,6 +22,8 @@ CU128_INDEX = "https://download.pytorch.org/whl/cu128"
 SMI_TIMEOUT_S = 10
 DRIVER_FIX = (": the driver is installed but not working; reboot (a kernel or driver update without a reboot "
               "does this), or reload its kernel module, or reinstall the NVIDIA driver for the running kernel")
+LISTED_FIX = (": the NVIDIA driver lists the GPUs but does not work; reboot, or reinstall the NVIDIA driver (with its "
+              "CUDA library), until plain nvidia-smi shows the GPUs and a CUDA version")
 CUDA13_MIN_CAPABILITY = (7, 5)  # Turing: the oldest GPU that torch's CUDA 13 builds run on
 Capability = Tuple[int, int]
 
@@ -123,6 +125,25 @@ def ask_smi(smi: str = "nvidia-smi") -> SmiAnswer:
     if "driver/library version mismatch" in said.lower() or nvidia_gpu_on_bus():
         return SmiAnswer("", f'nvidia-smi cannot reach the NVIDIA driver ("{said}", exit {done.returncode})')
     return SmiAnswer("")
+
+
+def header_problem(smi: str = "nvidia-smi") -> str:
+    """Beside GPUs that `nvidia-smi -L` lists: "" where plain nvidia-smi reports the driver's CUDA
+    version, else what it did instead, in its own words (an NVML error, no CUDA version)."""
+    try:
+        done = subprocess.run([smi], capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
+    except OSError as err:
+        return f"nvidia-smi -L lists the GPUs but plain nvidia-smi cannot run ({err.strerror})"
+    except subprocess.TimeoutExpired:
+        return f"nvidia-smi -L lists the GPUs but plain nvidia-smi did not answer within {SMI_TIMEOUT_S} s"
+    said = next((line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()), "no message")
+    if done.returncode != 0:
+        return f'nvidia-smi -L lists the GPUs but plain nvidia-smi failed ("{said}", exit {done.returncode})'
+    if not re.search(r"CUDA Version:\s*\d+\.\d+", done.stdout):
+        shown = re.search(r"CUDA Version:\s*(\S+)", done.stdout)
+        return ("nvidia-smi -L lists the GPUs but plain nvidia-smi shows no CUDA version"
+                + (f" (CUDA Version: {shown.group(1)})" if shown else ""))
+    return ""
 
 
 def gpus_hidden() -> bool:
@@ -243,6 +264,12 @@ def main() -> int:
               file=sys.stderr)
         return 2
     driver = None if problem else driver_cuda_version()
+    if driver is None and not problem and smi.gpus:
+        problem = header_problem() or "nvidia-smi -L lists the GPUs but plain nvidia-smi shows no CUDA version"
+        if not gpus_hidden():
+            print(f"setup: {problem}{LISTED_FIX}; to set up for the CPU anyway: CUDA_VISIBLE_DEVICES= bash "
+                  "scripts/setup.sh", file=sys.stderr)
+            return 2
     caps = smi_compute_capabilities() if driver else None
     build = choose_build(driver, os.environ.get("TORCH_INDEX_URL"), *(caps or (None, None)),
                          no_gpu=f"{problem}, and CUDA_VISIBLE_DEVICES= hides the GPUs" if problem else "no NVIDIA GPU")

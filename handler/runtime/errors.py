@@ -41,8 +41,8 @@ def one_line_errors(prefix: str = "error"):
         yield
     except StopRequested as stop:  # the stop message and checkpoint are already out
         sys.exit(stop.exit_code)
-    except UserError as err:
-        print(f"{prefix}: {err}", file=sys.stderr, flush=True)
+    except UserError as err:  # several problems (import_problems): each its own line
+        print("\n".join(f"{prefix}: {line}" for line in str(err).splitlines() or [""]), file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"{prefix}: interrupted", file=sys.stderr, flush=True)
