@@ -42,6 +42,10 @@ EXIT_GRACE_S = 5.0  # a child that answered exits (CUDA teardown, nsys's flush) 
 STDERR_TAIL_BYTES = 4096  # of a crashed child's stderr, for its last lines
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = "import sys; from handler.runtime.machine import child_main; sys.exit(child_main(sys.argv[1:]))"
+# The child's own lines start with this: anything else on its stdout (a sitecustomize banner, as
+# clusters print on `module load`) is not the child speaking, and is passed over.
+MARK = "harness-machine-check: "
+DRAIN_S = 2.0  # after the child exited, for its last lines (a grandchild may hold the pipe open)
 GO_ON = "HARNESS_ALLOW_BROKEN_PEERS"  # =1: train DataParallel over broken peer-to-peer anyway
 
 
@@ -163,8 +167,11 @@ def checks_in_child(count: int, mode: str, nccl: bool) -> List[str]:
     cmd = [sys.executable, "-c", CHILD, str(count), mode, "nccl" if nccl else "-"]
     with tempfile.TemporaryFile("w+b") as errors:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True)
-        stage, answer, silent = _child_answer(proc)
-        _end_child(proc, wait_s=0.0 if silent else EXIT_GRACE_S)
+        silent = True  # a fault while reading: the child is ended at once
+        try:
+            stage, answer, silent = _child_answer(proc)
+        finally:
+            _end_child(proc, wait_s=0.0 if silent else EXIT_GRACE_S)
         if answer is None and stage == "copies":
             return [hung_copies_line(mode, COPIES_BOUND_S) if silent else peer_trouble_line(
                 mode, _child_failure(stage, proc.returncode, stderr_tail(errors)),
@@ -179,26 +186,45 @@ def checks_in_child(count: int, mode: str, nccl: bool) -> List[str]:
 
 def _child_answer(proc: "subprocess.Popen[str]") -> Tuple[str, Optional[dict], bool]:
     """Read the child's lines beside the clock: (the last stage it named, its answer or None,
-    whether it fell silent past its stage's bound)."""
+    whether it fell silent past its stage's bound). Only its MARKed lines count. Its exit ends the
+    wait, not the end of its output, which a grandchild it left behind may hold open."""
     out = proc.stdout
     assert out is not None  # PIPE
     said: "queue.Queue[str]" = queue.Queue()
     reader = threading.Thread(target=lambda: [said.put(line) for line in out], daemon=True)
     reader.start()
-    stage, deadline = "start", time.monotonic() + KERNELS_BOUND_S
+    stage, deadline, exited = "start", time.monotonic() + KERNELS_BOUND_S, None
     while True:
         try:
-            line = json.loads(said.get(timeout=min(0.5, max(deadline - time.monotonic(), 0.01))))
+            text = said.get(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
         except queue.Empty:
             if not reader.is_alive() and said.empty():
                 return stage, None, False  # it closed its output: it ended without an answer
+            if exited is None and proc.poll() is not None:
+                exited = time.monotonic()
+            if exited is not None and time.monotonic() - exited >= DRAIN_S:
+                return stage, None, False  # it ended without an answer; its output is still held open
             if time.monotonic() >= deadline:
                 return stage, None, True
+            continue
+        line = _marked(text)
+        if line is None:
             continue
         if "stage" not in line:
             return stage, line, False
         stage = line["stage"]
         deadline = time.monotonic() + (COPIES_BOUND_S if stage == "copies" else KERNELS_BOUND_S)
+
+
+def _marked(text: str) -> Optional[dict]:
+    """The child's JSON on a MARKed line, else None (a banner, or a line cut short)."""
+    if not text.startswith(MARK):
+        return None
+    try:
+        line = json.loads(text[len(MARK):])
+    except ValueError:
+        return None
+    return line if isinstance(line, dict) else None
 
 
 def _end_child(proc: "subprocess.Popen[str]", wait_s: float) -> None:
@@ -241,11 +267,11 @@ def child_main(argv: List[str]) -> int:
     count, mode, nccl = int(argv[0]), argv[1], argv[2] == "nccl"
 
     def say(stage: str) -> None:
-        print(json.dumps({"stage": stage}), flush=True)
+        print(MARK + json.dumps({"stage": stage}), flush=True)
     try:
-        print(json.dumps({"warnings": run_checks(count, mode, nccl, say)}), flush=True)
+        print(MARK + json.dumps({"warnings": run_checks(count, mode, nccl, say)}), flush=True)
     except UserError as err:
-        print(json.dumps({"error": str(err)}), flush=True)
+        print(MARK + json.dumps({"error": str(err)}), flush=True)
     return 0
 
 

@@ -3,7 +3,8 @@ launcher runs them in a short-lived child, a torchrun worker checks only its own
 set_device, a hung GPU<->GPU copy is named within a bound, and the compute mode is read from
 nvidia-smi. No GPU here: the CUDA calls (a kernel on GPU i, a copy a->b, set_device, the
 GPUs' UUIDs) and nvidia-smi are the boundary, replaced; in the child by a sitecustomize on its
-PYTHONPATH, whose calls can also crash (os.abort, as a driver fault would) or hang."""
+PYTHONPATH, whose calls can also crash (os.abort, as a driver fault would) or hang, and which
+can print a banner first, as clusters' sitecustomize files do."""
 import dataclasses
 import json
 import os
@@ -20,8 +21,10 @@ from tests.conftest import ROOT
 GPU_DDP = Config(mode="ddp", use_cuda=True, num_gpu=2, device="cuda:0")
 
 STAND_IN = """
-import atexit, json, os, sys, time
+import atexit, json, os, subprocess, sys, time
 from handler.runtime import machine
+if os.environ.get("STAND_IN_BANNER"):  # as a cluster's sitecustomize prints on `module load`
+    print(os.environ["STAND_IN_BANNER"], flush=True)
 record = os.environ["STAND_IN_RECORD"]
 def note(what):
     with open(record, "a") as f:
@@ -30,7 +33,9 @@ def fault(call):
     how = os.environ.get("STAND_IN_" + call.upper())
     if how == "hang":
         time.sleep(3600)
-    if how == "abort":
+    if how == "fork-abort":  # a grandchild that keeps the child's stdout open past the crash
+        note(["grandchild", subprocess.Popen(["sleep", "60"]).pid])
+    if how in ("abort", "fork-abort"):
         print("stand-in driver: an illegal memory access in the " + call, file=sys.stderr, flush=True)
         os.abort()
 def kernel(index):
@@ -128,6 +133,35 @@ def test_a_child_that_crashes_is_named_as_a_crash_with_its_signal_and_last_stder
         lines = capsys.readouterr().err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("warning: the GPU checks") and "SIGABRT" in lines[0]
         assert lines[0].endswith("NCCL's peer-to-peer may crash the same way: set NCCL_P2P_DISABLE=1")
+
+
+@pytest.mark.parametrize("banner", ["Lmod: loaded cuda/12.4 (not JSON)", '{"warnings": ["a banner shaped as an answer"]}', "[1, 2]"])
+def test_a_banner_on_the_childs_stdout_is_passed_over_and_the_checks_still_answer(banner, child_cuda, monkeypatch,
+                                                                                  capsys):
+    # Before: the banner raised JSONDecodeError in the launcher (a traceback) and left the child running.
+    monkeypatch.setenv("STAND_IN_BANNER", banner)
+    monkeypatch.setattr(machine, "SHM_MIN_BYTES", 1)
+    machine.check_machine(GPU_DDP, one_process=False)
+    calls = child_cuda()
+    assert [c[1:] for c in calls] == [["kernel", 0], ["kernel", 1], ["copy", 0, 1], ["copy", 1, 0]]
+    assert capsys.readouterr().err == ""
+    assert not [pid for pid in child_pids(calls) if alive(pid)], "the child was left running"
+
+
+def test_a_child_that_crashes_while_its_grandchild_holds_its_stdout_is_a_crash_not_a_hang(child_cuda, monkeypatch):
+    # Before: the launcher waited for the end of the child's output, which the grandchild held open:
+    # the crash read as a hang after the whole bound (120 s; 30 here).
+    monkeypatch.setenv("STAND_IN_KERNEL", "fork-abort")
+    monkeypatch.setattr(machine, "KERNELS_BOUND_S", 30.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(UserError, match=r"died of SIGABRT in the kernels stage \(stand-in driver: an illegal"):
+            machine.check_machine(GPU_DDP, one_process=False)
+        assert time.monotonic() - started < 20
+    finally:
+        for _, what, pid in (c for c in child_cuda() if c[1] == "grandchild"):
+            os.kill(pid, 9)  # the grandchild the stand-in started, by its PID
+    assert not [pid for pid, what, *_ in child_cuda() if what == "kernel" and alive(pid)], "the child was left"
 
 
 def test_a_child_silent_past_its_bound_before_the_copies_is_a_hang_and_is_ended(child_cuda, monkeypatch):
