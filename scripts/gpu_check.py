@@ -11,6 +11,7 @@ not started within --budget, 143 stopped by SIGTERM (the current check's process
 the report written). --rehearse runs the 2-GPU plan on this CPU, GPUs hidden.
 """
 import argparse
+import fnmatch
 import math
 import os
 import shutil
@@ -43,12 +44,37 @@ class Terminated(BaseException):
     Runner's `finally` ends that check's process group before the report is written."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An unknown option or a missing value: one line, not argparse's usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"gpu_check: {message}; bash scripts/gpu_check.sh --help lists the options\n")
+
+
+def every_check_name() -> List[str]:
+    """Every name --only can match on some machine (the 2-GPU plan with and without native bf16)."""
+    return [c.name for bf16 in (True, False) for c in plan(2, dali=True, nsys=True, pytest_ok=True, bf16=bf16)]
+
+
+def only_problems(only: Optional[str]) -> List[str]:
+    """--only given with no name in it (it would select every check) or with a name no check has."""
+    if only is None:
+        return []
+    names = [name.strip() for name in only.split(",") if name.strip()]
+    if not names:
+        return [f"gpu_check: --only {only!r} names no check; name one or more (--list names them), or leave --only "
+                "out to run every check"]
+    known = every_check_name()
+    unknown = [name for name in names if not any(fnmatch.fnmatchcase(check, name) for check in known)]
+    return [f"gpu_check: --only {', '.join(unknown)}: no such check; `--list` names them"] if unknown else []
+
+
 def arguments(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p = OneLineParser(prog="scripts/gpu_check.sh", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--out", help="folder for the table, the JSON and the runs' logs "
                                  "(default gpu_check, or gpu_check_rehearsal with --rehearse)")
     p.add_argument("--no-tests", dest="tests", action="store_false", help="leave out the gpu-marked tests")
-    p.add_argument("--only", default="", metavar="NAMES",
+    p.add_argument("--only", default=None, metavar="NAMES",
                    help="comma-separated check names or shell patterns ('ddp_dali*'); --list names them")
     p.add_argument("--part", default="1/1", metavar="K/N",
                    help="run part K of N (cut by the estimates), e.g. two commands --part 1/2 and --part 2/2")
@@ -68,8 +94,20 @@ def arguments(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.budget is None:
         args.budget = OFFLINE_BUDGET_S if args.offline and not args.rehearse else 0.0
     args.out = Path(args.out or ("gpu_check_rehearsal" if args.rehearse else "gpu_check")).resolve()
-    args.problems += [line for line in (out_problem(args.out),) if line]
+    args.problems += [line for line in (out_problem(args.out),) if line] + only_problems(args.only)
+    try:
+        parse_part(args.part)
+    except ValueError as err:
+        args.problems.append(f"gpu_check: {err}")
     return args
+
+
+def check_options(argv: Sequence[str]) -> int:
+    """The options alone, for scripts/gpu_check.sh before any set-up, venv or download: 0, or 2
+    after one line per problem."""
+    problems = arguments(argv).problems
+    print("\n".join(problems), file=sys.stderr) if problems else None
+    return 2 if problems else 0
 
 
 def checks_for(gpus: int, args: argparse.Namespace, bf16: bool, measured: dict) -> List[Check]:
@@ -79,7 +117,7 @@ def checks_for(gpus: int, args: argparse.Namespace, bf16: bool, measured: dict) 
                   pytest_ok=module_present("pytest"), tests=args.tests, bf16=bf16)
     if args.rehearse:
         checks = rehearse(checks)
-    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
     chosen = select(checks, only, parse_part(args.part), REHEARSAL if args.rehearse else GPU, measured)
     # An nsys on PATH may still make no report: probed (about 1 s) only where its row is chosen.
     profiled = next((c for c in chosen if c.name == PROFILED and not c.skip), None)

@@ -20,6 +20,20 @@ for arg in "$@"; do [[ $arg == --offline ]] && offline=1; done
 
 source "$ROOT/scripts/find_python.sh"  # index_answers, python_with_torch
 
+# The options first, before any set-up, venv or download: one line per bad one (gpu_check.py's
+# check_options; it needs only the standard library).
+if [[ -n "${PYTHON:-}" ]] && ! command -v "$PYTHON" >/dev/null 2>&1; then
+    say "PYTHON=$PYTHON is not a program that runs; name a Python 3 that has torch, or unset PYTHON"
+    exit 2
+fi
+options_python="${PYTHON:-python3}"
+if command -v "$options_python" >/dev/null 2>&1; then
+    (cd "$ROOT" && "$options_python" -c 'import sys
+from scripts.gpu_check import check_options
+sys.exit(check_options(sys.argv[1:]))' "$@") || exit $?
+    for arg in "$@"; do [[ $arg == -h || $arg == --help ]] && exit 0; done
+fi
+
 if [[ -z "${PYTHON:-}" ]]; then
     if (( ! offline )) && ! index_answers; then
         say "no package index answered within $index_wait_s s: running --offline (installing nothing)"

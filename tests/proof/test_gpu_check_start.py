@@ -57,3 +57,55 @@ def test_a_bad_budget_or_out_stops_in_one_line_before_anything_runs(option, valu
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_check: " + said.format(file=file)), lines
     assert captured.out == "" and sorted(tmp_path.iterdir()) == [file]
+
+
+@pytest.mark.parametrize("only, said", [("", "--only '' names no check"), (",", "--only ',' names no check"),
+                                        (" ", "--only ' ' names no check"),
+                                        ("ddp,nope*", "--only nope*: no such check; `--list` names them")])
+def test_an_empty_or_unknown_only_is_refused_in_one_line_not_read_as_every_check(only, said, tmp_path, capsys):
+    # Before: --only '' (or ',' or ' ') selected all 32 checks, the whole 10-minute run.
+    assert gpu_check.main(["--rehearse", "--list", "--only", only, "--out", str(tmp_path / "o")]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: " + said), lines
+    assert captured.out == "" and not (tmp_path / "o").exists()
+
+
+def fresh_clone(tmp_path):
+    """scripts/ and handler/ without .venv; setup.sh replaced by one that marks that it ran and
+    fails, and a package index that answers (a file:// URL), so every path leads to the set-up."""
+    import shutil
+    from tests.conftest import ROOT
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    os.symlink(ROOT / "handler", tmp_path / "handler")
+    marker = tmp_path / "set-up ran"
+    (tmp_path / "scripts" / "setup.sh").write_text(f"touch '{marker}'; echo 'setup: installing' >&2; exit 1\n")
+    (tmp_path / "index").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV")}
+    return marker, {**env, "GPU_CHECK_INDEX_URL": (tmp_path / "index").as_uri()}
+
+
+@pytest.mark.parametrize("options, said", [
+    (["--budget", "-5"], "--budget -5 is not a finite number"), (["--only", ""], "--only '' names no check"),
+    (["--only", "nope"], "--only nope: no such check"), (["--out", "/dev/null/x"], "--out /dev/null/x is under"),
+    (["--list", "--budget"], "argument --budget: expected one argument"),
+    (["--bogus"], "unrecognized arguments: --bogus"), (["--part", "3/2"], "--part 3/2: K must be 1..N")])
+def test_gpu_check_sh_says_a_bad_option_in_one_line_before_any_set_up(options, said, tmp_path):
+    # Before: on a fresh clone --budget -5 first installed everything (minutes, about 10 GiB), then refused.
+    import subprocess
+    marker, env = fresh_clone(tmp_path)
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_check.sh"), *options], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("gpu_check: " + said), done.stderr
+    assert not marker.exists() and not (tmp_path / ".venv").exists()
+
+
+def test_gpu_check_sh_with_good_options_on_a_fresh_clone_goes_on_to_the_set_up(tmp_path):
+    # The test above proves something only if good options reach the set-up in the same clone.
+    import subprocess
+    marker, env = fresh_clone(tmp_path)
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "--list", "--only", "ddp*"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and marker.exists(), done.stderr
+    assert done.stderr.splitlines()[0] == "setup: installing"
