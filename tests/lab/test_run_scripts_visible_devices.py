@@ -22,6 +22,7 @@ def four_gpu_python(folder):
     python = folder / "python"
     python.write_text(f"""#!/bin/sh
 case "$1" in */train_cifar.py) echo "${{CUDA_VISIBLE_DEVICES-unset}}" >>"{folder}/trainer_saw"; exit 0 ;; esac
+[ "$1 $2" = "-m handler.runtime.devices" ] && echo asked >>"{folder}/devices_asked"
 if [ "$1 $2" = "-m handler.runtime.devices" ] && [ -n "${{CUDA_VISIBLE_DEVICES-x}}" ]; then
     [ -z "${{CUDA_VISIBLE_DEVICES+x}}" ] && echo 4 || echo "$CUDA_VISIBLE_DEVICES" | tr , '\\n' | wc -l
     exit 0
@@ -79,3 +80,42 @@ def test_launch_never_widens_the_callers_devices(caller, ids, problem, tmp_path)
     proc, saw = run("launch.sh", tmp_path, MODE="ddp", LOCAL_GPU_IDS=ids, CUDA_VISIBLE_DEVICES=caller)
     assert proc.returncode == 2 and error_lines(proc) == [f"launch: {problem}"], proc.stderr
     assert saw == [], "the trainer started"
+
+
+@pytest.mark.parametrize("caller, ids, repeat", [("0,1", "0,0", "0"), (None, "1,1", "1"), ("2,3,4", "1, 01", "01")])
+def test_launch_refuses_a_local_gpu_id_named_twice_in_one_line(caller, ids, repeat, tmp_path):
+    # Before: LOCAL_GPU_IDS=0,0 under CUDA_VISIBLE_DEVICES=0,1 passed, and CUDA saw no GPU (0,0).
+    proc, saw = run("launch.sh", tmp_path, MODE="ddp", LOCAL_GPU_IDS=ids,
+                    **({} if caller is None else {"CUDA_VISIBLE_DEVICES": caller}))
+    assert proc.returncode == 2 and error_lines(proc) == [
+        f"launch: LOCAL_GPU_IDS={ids} names GPU {repeat} twice, and CUDA then sees no GPU; list each GPU once "
+        "(e.g. LOCAL_GPU_IDS=0,1)"], proc.stderr
+    assert saw == [] and not (tmp_path / "bin" / "devices_asked").exists()
+
+
+def test_launch_refuses_more_local_gpu_ids_than_num_gpus(tmp_path):
+    proc, saw = run("launch.sh", tmp_path, MODE="ddp", LOCAL_GPU_IDS="0,1,2", NUM_GPUS="2")
+    assert proc.returncode == 2 and error_lines(proc) == [
+        "launch: LOCAL_GPU_IDS=0,1,2 names 3 GPUs but NUM_GPUS=2; name 2 of them, or leave NUM_GPUS out to use "
+        "all 3"], proc.stderr
+    assert saw == []
+
+
+@pytest.mark.parametrize("setting, value, said", [
+    ("MODE", "", "MODE is set but empty; name a mode (e.g. MODE=ddp), or unset it for ddp_dali"),
+    ("DATA_DIR", "{file}", "DATA_DIR={file} is a file; name the CIFAR-10 folder"),
+    ("CKPT_DIR", "{file}/ckpt", "CKPT_DIR={file}/ckpt is under {file}, which is a file; name a folder"),
+    ("NSIGHT_LOG_DIR", "{file}/a/b", "NSIGHT_LOG_DIR={file}/a/b is under {file}, which is a file; name a folder"),
+    ("NSIGHT_LOG_DIR", "{file}", "NSIGHT_LOG_DIR={file} is a file; name a folder"),
+    ("PYTHON", "{file}.nowhere", "PYTHON={file}.nowhere is not a program that runs; name a Python 3 that has torch"),
+])
+def test_a_bad_launch_setting_is_one_line_before_python_or_any_set_up(setting, value, said, tmp_path):
+    # Before: MODE= ran ddp_dali; a file as NSIGHT_LOG_DIR was mkdir's message (exit 1) after torch's
+    # start-up; a PYTHON that is not there, bash's "No such file".
+    file = tmp_path / "afile"
+    file.write_text("")
+    proc, saw = run("launch.sh", tmp_path, **{"MODE": "ddp", setting: value.format(file=file)})
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("launch: " + said.format(file=file)), \
+        proc.stderr
+    assert saw == [] and not (tmp_path / "bin" / "devices_asked").exists()

@@ -111,3 +111,38 @@ def test_setup_stops_in_one_line_where_no_build_fits_and_installs_cu128_for_an_r
     done = subprocess.run(setup, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert any(line.endswith(f"{cuda_build.TORCH_PINS} --index-url {CU128}") for line in pip_lines(done.stdout))
+
+
+# What plain nvidia-smi does beside a listing (nvidia-smi is the boundary: a stand-in again).
+NVML_ERROR = "echo 'Failed to initialize NVML: Unknown Error'; exit 255"
+NO_CUDA = "echo '| NVIDIA-SMI 570.124.06   Driver Version: 570.124.06   CUDA Version: N/A     |'"
+
+
+def listed_but_broken_smi(folder, plain):
+    """nvidia-smi -L lists an H100 (with its compute capability), the plain call does `plain`."""
+    env = stand_in_smi(folder, [H100])
+    smi = folder / "nvidia-smi"
+    smi.write_text(smi.read_text().replace("  *) echo '| NVIDIA-SMI", f"  *) {plain} ;;\n  never) echo '"))
+    return env
+
+
+@pytest.mark.parametrize("plain, said", [
+    (NVML_ERROR, 'plain nvidia-smi failed ("Failed to initialize NVML: Unknown Error", exit 255)'),
+    (NO_CUDA, "plain nvidia-smi shows no CUDA version (CUDA Version: N/A)")], ids=["nvml_error", "no_cuda"])
+def test_a_listed_gpu_whose_plain_nvidia_smi_fails_is_a_driver_problem_not_no_gpu(plain, said, tmp_path):
+    # Before: setup's build choice said "no NVIDIA GPU: PyPI's torch", against the listing, and launch
+    # said "install the matching build" (the CPU build's pip line).
+    env = listed_but_broken_smi(tmp_path / "bin", plain)
+    got = choice(env)
+    lines = got["stderr"].splitlines()
+    assert got["exit"] == 2 and len(lines) == 1 and "REASON" not in got, got
+    assert lines[0].startswith(f"setup: nvidia-smi -L lists the GPUs but {said}: the NVIDIA driver lists the GPUs "
+                               "but does not work; reboot, or reinstall the NVIDIA driver"), lines
+    assert "no NVIDIA GPU" not in lines[0]
+    hidden = choice({**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert hidden["exit"] == 0 and said in hidden["REASON"] and "no NVIDIA GPU" not in hidden["REASON"], hidden
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "handler.runtime.devices"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("note:")]
+    assert proc.returncode == 2 and len(errors) == 1 and said in errors[0], proc.stderr
+    assert "install the matching build" not in errors[0] and errors[0].endswith("CUDA_VISIBLE_DEVICES=)")

@@ -108,3 +108,49 @@ def test_the_cli_passes_on_torchs_cuda_note_before_a_one_line_error(tmp_path, mo
     err = capsys.readouterr().err.splitlines()
     assert stop.value.code == 2 and err[0] == "note: The NVIDIA driver on your system is too old"
     assert err[1].startswith("error: ") and "--ckpt" in err[1]
+
+
+@pytest.mark.parametrize("variable, repeat", [("0,0", "0"), ("1, 0,1", "1"), ("0,00", "00"), ("GPU-a,GPU-a", "GPU-a")])
+def test_a_gpu_named_twice_in_cuda_visible_devices_is_named_not_blamed_on_the_torch_build(variable, repeat, tmp_path):
+    # CUDA sees no GPU where one is named twice; before, "torch is built for CUDA ... install the matching build".
+    env = {**visible(fake_smi(tmp_path / "bin", gpus=2)), "CUDA_VISIBLE_DEVICES": variable}
+    proc = run_cli(["-m", "handler.runtime.devices"], env=env, cmd=[str(ROOT / ".venv" / "bin" / "python")], timeout=60)
+    assert proc.returncode == 2 and error_lines(proc) == [
+        f"error: CUDA_VISIBLE_DEVICES={variable} names GPU {repeat} twice, and CUDA then sees no GPU at all; list "
+        "each GPU once (e.g. CUDA_VISIBLE_DEVICES=0,1)"], proc.stderr
+
+
+@pytest.mark.parametrize("variable", ["0,1", "", "-1", "GPU-a,GPU-b", "0,-1,0"])
+def test_distinct_or_hidden_visible_devices_are_no_repeat(variable):
+    from handler.runtime.devices import repeated_visible_device
+    assert repeated_visible_device(variable) == ""
+
+
+BARE_PYTHON_STEP_S = 30
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """A Python without torch, numpy, tqdm or DALI: a fresh venv without pip (about 1 s)."""
+    folder = tmp_path_factory.mktemp("bare")
+    base = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", "import sys; print(sys._base_executable)"],
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+    subprocess.run([base, "-m", "venv", "--without-pip", str(folder / "venv")], check=True, timeout=60)
+    return folder / "venv" / "bin" / "python"
+
+
+@pytest.mark.parametrize("entry", ["train_cifar", "launch", "run_ddp_dali"])
+def test_a_python_without_the_trainers_modules_gets_one_line_per_module_not_a_traceback(entry, bare_python, tmp_path):
+    # Before: a ModuleNotFoundError traceback from launch.sh (devices.py) and from train_cifar.py.
+    cmd = {"train_cifar": [str(bare_python), str(ROOT / "train_cifar.py"), "--mode", "ddp_dali"],
+           "launch": ["bash", str(ROOT / "scripts" / "launch.sh")],
+           "run_ddp_dali": ["bash", str(ROOT / "scripts" / "run_ddp_dali.sh")]}[entry]
+    env = {**visible({}), "PYTHON": str(bare_python), "MODE": "ddp_dali", "PROFILE": "0", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BARE_PYTHON_STEP_S)
+    lines = proc.stderr.splitlines()
+    modules = [line.split(" cannot import ")[1].split(",")[0] for line in lines]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert modules == ["torch", "torchvision", "numpy", "tqdm", "PIL", "nvidia.dali"], proc.stderr
+    assert all(line.startswith(f"error: {bare_python} cannot import ") for line in lines)
+    assert "pip install pillow" in lines[4] and "pip install nvidia-dali-cuda" in lines[5]
+    assert not (tmp_path / "nsight_logs").exists() and not (tmp_path / "ckpt").exists()
