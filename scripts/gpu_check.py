@@ -146,11 +146,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.rehearse:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: this process and every launch on the CPU
-    from handler.runtime.cuda_build import ask_smi, gpus_hidden
-    from handler.runtime.devices import cuda_status
+    from handler.runtime.cuda_build import LISTED_FIX, ask_smi, driver_cuda_version, gpus_hidden, header_problem
+    from handler.runtime.devices import cuda_status, repeated_visible_device
     from handler.runtime.precision.gpu import native_bf16
+    repeat = repeated_visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if repeat:
+        print(f"gpu_check: CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} names GPU {repeat} twice, and "
+              "CUDA then sees no GPU at all; list each GPU once (e.g. CUDA_VISIBLE_DEVICES=0,1)", file=sys.stderr)
+        return 2
     gpus, why = (REHEARSAL_GPUS, "") if args.rehearse else cuda_status()
-    driver = "" if gpus or gpus_hidden() else ask_smi().broken_driver
+    smi = None if gpus or gpus_hidden() else ask_smi()
+    driver = smi.broken_driver if smi else ""
+    if smi and not driver and smi.gpus and driver_cuda_version() is None:  # listed, yet plain nvidia-smi fails
+        driver = f"{header_problem() or 'nvidia-smi -L lists the GPUs but plain nvidia-smi shows no CUDA version'}" \
+                 f"{LISTED_FIX}"
     if driver:
         print(f"gpu_check: {driver}", file=sys.stderr)
         return 2

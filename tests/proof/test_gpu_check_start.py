@@ -109,3 +109,24 @@ def test_gpu_check_sh_with_good_options_on_a_fresh_clone_goes_on_to_the_set_up(t
                           cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert done.returncode == 1 and marker.exists(), done.stderr
     assert done.stderr.splitlines()[0] == "setup: installing"
+
+
+def test_gpu_check_names_a_gpu_listed_twice_in_cuda_visible_devices(tmp_path, monkeypatch, capsys):
+    # Before: "no usable CUDA GPU (none visible)", as if the machine had none.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,1")
+    assert gpu_check.main(["--list", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gpu_check: CUDA_VISIBLE_DEVICES=1,1 names GPU 1 twice, and CUDA then sees no GPU at all; list each GPU once "
+        "(e.g. CUDA_VISIBLE_DEVICES=0,1)"]
+
+
+def test_gpu_check_names_a_listed_gpu_whose_plain_nvidia_smi_fails(tmp_path, monkeypatch, capsys):
+    # nvidia-smi is the boundary (a stand-in); this torch sees no GPU, as torch does beside such a driver.
+    from tests.machine.test_build_choice import NVML_ERROR, listed_but_broken_smi
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", listed_but_broken_smi(tmp_path / "bin", NVML_ERROR)["PATH"])
+    assert gpu_check.main(["--list", "--out", str(tmp_path / "o")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        'gpu_check: nvidia-smi -L lists the GPUs but plain nvidia-smi failed ("Failed to initialize NVML: Unknown '
+        'Error", exit 255): the NVIDIA driver lists the GPUs but does not work; reboot'), lines
