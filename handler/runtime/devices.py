@@ -37,7 +37,8 @@ def import_problems(mode: str = "") -> List[str]:
              "scripts/launch.sh)" for module, package in TRAINER_NEEDS.items() if not module_present(module)]
     if mode == "ddp_dali" and not module_present(DALI_MODULE):
         from .cuda_build import dali_install_hint
-        lines.append(f"{sys.executable} cannot import {DALI_MODULE}, which --mode ddp_dali needs: {dali_install_hint()}")
+        lines.append(f"{sys.executable} cannot import {DALI_MODULE}, which --mode ddp_dali needs: "
+                     f"{dali_install_hint()}")
     return lines
 
 

@@ -135,7 +135,8 @@ def test_a_child_that_crashes_is_named_as_a_crash_with_its_signal_and_last_stder
         assert lines[0].endswith("NCCL's peer-to-peer may crash the same way: set NCCL_P2P_DISABLE=1")
 
 
-@pytest.mark.parametrize("banner", ["Lmod: loaded cuda/12.4 (not JSON)", '{"warnings": ["a banner shaped as an answer"]}', "[1, 2]"])
+@pytest.mark.parametrize("banner", ["Lmod: loaded cuda/12.4 (not JSON)", '{"warnings": ["a banner shaped as an answer"]}',
+                                    "[1, 2]"])
 def test_a_banner_on_the_childs_stdout_is_passed_over_and_the_checks_still_answer(banner, child_cuda, monkeypatch,
                                                                                   capsys):
     # Before: the banner raised JSONDecodeError in the launcher (a traceback) and left the child running.
