@@ -13,7 +13,11 @@
 # dp and ddp read DATASET_DIR/cifar10 (torchvision's folder), ddp_dali DATASET_DIR/cifar10_images.
 set -euo pipefail
 
-MODE="${1:?usage: bash scripts/lab_runs.sh dp|ddp|ddp_dali [train_cifar.py arguments]}"
+[[ $# -gt 0 ]] || {
+    echo "lab_runs: no mode; usage: bash scripts/lab_runs.sh dp|ddp|ddp_dali [train_cifar.py arguments]" >&2
+    exit 2
+}
+MODE="$1"
 shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "$MODE" in
@@ -24,6 +28,13 @@ esac
 TIMESTAMP="${TIMESTAMP:-$(date +%Y%m%d_%H%M%S)}"
 export MODE DATA_DIR="${DATASET_DIR:-dataset}/$data"
 export NSIGHT_LOG_DIR="nsight_logs/${MODE}_$TIMESTAMP"
+# The folders, before any set-up: each one line (launch.sh checks its own settings again).
+for top in nsight_logs runs "${DATASET_DIR:-dataset}" "$DATA_DIR"; do
+    [[ ! -e $top || -d $top ]] || {
+        echo "lab_runs: $top is a file, where this run needs a folder (in $PWD); move it, or run from another folder" >&2
+        exit 2
+    }
+done
 if [[ -z "${PYTHON:-}" ]]; then
     source "$ROOT/scripts/find_python.sh"
     choose_run_python lab_runs || exit 2
@@ -36,7 +47,12 @@ command -v "$PYTHON" >/dev/null 2>&1 || {
 # torch counts them, honouring the caller's CUDA_VISIBLE_DEVICES (handler/runtime/devices.py);
 # first, one line per module the trainer (in this MODE) needs and this Python lacks.
 visible="$(cd "$ROOT" && "$PYTHON" -m handler.runtime.devices "$MODE")" || exit 2
-mkdir -p "$NSIGHT_LOG_DIR"
+cannot_make() {
+    echo "lab_runs: cannot make the folder $1 in $PWD (a file in its way, or no write permission); move that" \
+         "file, or run from a folder you can write in" >&2
+    exit 2
+}
+mkdir -p "$NSIGHT_LOG_DIR" 2>/dev/null || cannot_make "$NSIGHT_LOG_DIR"
 
 for gpus in 1 2; do
     if (( visible > 0 && gpus > visible )); then
@@ -53,6 +69,6 @@ for gpus in 1 2; do
     fi
     export CKPT_DIR="runs/${MODE}_$TIMESTAMP/gpu_$gpus"
     export NSIGHT_FILE_NAME="gpu_$gpus"
-    mkdir -p "$CKPT_DIR"
+    mkdir -p "$CKPT_DIR" 2>/dev/null || cannot_make "$CKPT_DIR"
     bash "$ROOT/scripts/launch.sh" "$@"
 done

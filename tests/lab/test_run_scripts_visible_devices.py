@@ -119,3 +119,18 @@ def test_a_bad_launch_setting_is_one_line_before_python_or_any_set_up(setting, v
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("launch: " + said.format(file=file)), \
         proc.stderr
     assert saw == [] and not (tmp_path / "bin" / "devices_asked").exists()
+
+
+@pytest.mark.parametrize("script, file, env, said", [
+    ("lab_runs.sh", None, {}, "lab_runs: no mode; usage: bash scripts/lab_runs.sh dp|ddp|ddp_dali"),
+    ("run_ddp.sh", "runs", {}, "lab_runs: runs is a file, where this run needs a folder"),
+    ("run_ddp.sh", "kit", {"DATASET_DIR": "kit"}, "lab_runs: kit is a file, where this run needs a folder"),
+])
+def test_a_bad_lab_run_setting_is_one_line_before_python_or_any_set_up(script, file, env, said, tmp_path):
+    # Before: bash's own `1: usage` line (exit 1), and a file named runs was mkdir's message after torch's start-up.
+    if file:
+        (tmp_path / file).write_text("")
+    proc, saw = run(script, tmp_path, **env)
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(said), proc.stderr
+    assert saw == [] and not (tmp_path / "bin" / "devices_asked").exists()
