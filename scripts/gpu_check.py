@@ -147,12 +147,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.rehearse:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: this process and every launch on the CPU
     from handler.runtime.cuda_build import LISTED_FIX, ask_smi, driver_cuda_version, gpus_hidden, header_problem
-    from handler.runtime.devices import cuda_status, repeated_visible_device
+    from handler.runtime.devices import cuda_status, repeated_devices_problem
     from handler.runtime.precision.gpu import native_bf16
-    repeat = repeated_visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if repeat:
-        print(f"gpu_check: CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} names GPU {repeat} twice, and "
-              "CUDA then sees no GPU at all; list each GPU once (e.g. CUDA_VISIBLE_DEVICES=0,1)", file=sys.stderr)
+    if repeated_devices_problem():
+        print(f"gpu_check: {repeated_devices_problem()}", file=sys.stderr)
         return 2
     gpus, why = (REHEARSAL_GPUS, "") if args.rehearse else cuda_status()
     smi = None if gpus or gpus_hidden() else ask_smi()

@@ -13,7 +13,7 @@ import warnings
 from typing import List, Optional, Sequence, Tuple
 
 from .cuda_build import gpus_hidden
-from .errors import UserError, one_line_errors
+from .errors import UserError, need, one_line_errors
 
 
 # What train_cifar.py imports beyond the standard library (module: its pip package); DALI only for
@@ -75,12 +75,12 @@ def repeated_visible_device(variable: Optional[str]) -> str:
     return ""
 
 
-def require_distinct_devices() -> None:
+def repeated_devices_problem() -> str:
+    """The one line for a GPU named twice in this process's CUDA_VISIBLE_DEVICES, else ""."""
     variable = os.environ.get("CUDA_VISIBLE_DEVICES")
     repeat = repeated_visible_device(variable)
-    if repeat:
-        raise UserError(f"CUDA_VISIBLE_DEVICES={variable} names GPU {repeat} twice, and CUDA then sees no GPU at all; "
-                        "list each GPU once (e.g. CUDA_VISIBLE_DEVICES=0,1)")
+    return (f"CUDA_VISIBLE_DEVICES={variable} names GPU {repeat} twice, and CUDA then sees no GPU at all; list each "
+            "GPU once (e.g. CUDA_VISIBLE_DEVICES=0,1)") if repeat else ""
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,7 +114,8 @@ def unknown_visible_device(variable, smi_listing: str) -> str:
 def require_usable_gpus() -> int:
     """The usable GPU count; a machine whose NVIDIA GPUs this torch cannot use stops
     here, instead of training for hours on the CPU with GPU defaults."""
-    require_distinct_devices()
+    repeat = repeated_devices_problem()
+    need(not repeat, repeat)
     if gpus_hidden():
         return 0  # torch would see none; asking it costs a 1.5 s import for launch.sh
     count = cuda_status()[0]

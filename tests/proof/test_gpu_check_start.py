@@ -101,6 +101,18 @@ def test_gpu_check_sh_says_a_bad_option_in_one_line_before_any_set_up(options, s
     assert not marker.exists() and not (tmp_path / ".venv").exists()
 
 
+def test_gpu_check_sh_with_a_python_that_is_not_there_says_so_in_one_line(tmp_path):
+    # Before: bash's "No such file or directory" from exec, exit 127.
+    import subprocess
+    marker, env = fresh_clone(tmp_path)
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "--list"], cwd=tmp_path,
+                          env={**env, "PYTHON": str(tmp_path / "nowhere")}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"gpu_check: PYTHON={tmp_path / 'nowhere'} is not a program that runs; name a Python 3 that has torch, or "
+        "unset PYTHON"], done.stderr
+    assert not marker.exists()
+
+
 def test_gpu_check_sh_with_good_options_on_a_fresh_clone_goes_on_to_the_set_up(tmp_path):
     # The test above proves something only if good options reach the set-up in the same clone.
     import subprocess
