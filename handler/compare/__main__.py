@@ -33,6 +33,7 @@ from ..modes import MODES, option_choices
 from ..profiling.lab.page import write_cells_lab
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError, one_line_errors
+from ..runtime.out_folder import check_out_folder
 from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, sweep_hooks
 from .plots import write_plots
 from .predict import add_predictions
@@ -142,6 +143,8 @@ def _interrupt(signum, frame):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    check_out_folder(args.out or Path("reports"), "--out" if args.out else "the default --out folder",
+                     "name a folder you can write with --out")  # before any run
     gpus = cuda_status()[0]
     if args.lab:
         args.modes, args.counts = args.modes or ",".join(LAB_MODES), args.counts or "1,2"

@@ -4,7 +4,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from handler.runtime.errors import UserError
@@ -100,6 +100,45 @@ def export_problem(export: Path) -> str | None:
         return (f"{export} is truncated ({size} of the {page * pages} bytes its SQLite header says): it was cut "
                 f"off while written or copied; {AGAIN}")
     return None
+
+
+# Tables every nsys export holds whatever was traced (its strings, the target's facts, the session);
+# an SQLite file with none of them is another program's database, not an export.
+NSYS_TABLES = ("StringIds", "ANALYSIS_DETAILS", "META_DATA_EXPORT", "EXPORT_META_DATA", "ThreadNames", "PROCESSES")
+NSYS_PREFIXES = ("TARGET_INFO_", "ENUM_", "NVTX_", "CUPTI_ACTIVITY_KIND_")
+
+
+def not_an_export(export: Path, tables: set[str]) -> str | None:
+    """The one-line error for an SQLite file that holds none of nsys's own tables; None for an export."""
+    if any(t in NSYS_TABLES or t.startswith(NSYS_PREFIXES) for t in tables):
+        return None
+    held = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "") if tables else "no tables at all"
+    return (f"{export} is an SQLite database but not an nsys export (it has none of nsys's tables: StringIds, "
+            f"TARGET_INFO_*, ANALYSIS_DETAILS; it holds {held}); pass the .nsys-rep, or the .sqlite that nsys "
+            "export wrote from it")
+
+
+@contextmanager
+def open_export(export: Path):
+    """The export opened read-only. SQLite's complaint about the file, from any read inside the
+    block (the trace, the machine, the clock), becomes one line naming it (export_error)."""
+    try:
+        with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
+            yield db
+    except sqlite3.DatabaseError as err:
+        raise UserError(export_error(export, err)) from None
+
+
+def export_error(export: Path, err: sqlite3.DatabaseError) -> str:
+    """A damaged page (SQLITE_CORRUPT, NOTADB) reads as damaged; a failed read of the disk as that;
+    anything else (a missing table or column) as an export this nsys-free reader cannot read."""
+    kind = getattr(err, "sqlite_errorname", "")
+    if kind.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return f"{export} is truncated or damaged, not a readable nsys SQLite export (SQLite: {err}); {AGAIN}"
+    if kind.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_READONLY")):
+        return f"{export} cannot be read (SQLite: {err}); check the file, its permissions and its disk"
+    return (f"{export} lacks a table or column that nsys exports hold (SQLite: {err}); pass the .sqlite that "
+            "nsys export wrote, unedited, or export the .nsys-rep again (nsys export --type sqlite REPORT)")
 
 
 def release(version: str | None) -> tuple[int, ...]:

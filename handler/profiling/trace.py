@@ -9,8 +9,6 @@ A run killed inside an epoch (OOM, an NCCL abort) leaves that epoch's range open
 with no end, or (2022.4, seen in its exports) closes it at the capture's end, ANALYSIS_DETAILS'
 `duration`. Such a process keeps the epochs before it and is marked `cut_short` (_cut_short).
 """
-import sqlite3
-from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from .columns import GpuColumns, load_gpu
 from .conventions import OURS, Convention, detect
 from .devices import Copies, load_copies, load_peaks
 from .gpu_metrics import MetricSample, load_metric_samples
-from .nsys import AGAIN, export_problem
+from .nsys import export_problem, not_an_export, open_export
 
 @dataclass(frozen=True)
 class Range:
@@ -77,21 +75,17 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
     """convention: how the ranges are named; None: detected (conventions.detect)."""
     if problem := export_problem(path):
         raise UserError(problem)
-    try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if "NVTX_EVENTS" not in tables:
-                raise UserError(f"{path} has no NVTX ranges; profile with --trace including nvtx "
-                                "(scripts/launch.sh does) and let the run reach its training loop")
-            events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
-            capture_end = _capture_end(db, tables)
-            gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
-            metrics = load_metric_samples(db, tables) or None
-            names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
-            copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
-    except sqlite3.DatabaseError as err:
-        raise UserError(f"{path} is truncated or damaged, not a readable nsys SQLite export (SQLite: {err}); "
-                        f"{AGAIN}") from None
+    with open_export(path) as db:  # a damaged page anywhere below: one line naming the file
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "NVTX_EVENTS" not in tables:
+            raise UserError(not_an_export(path, tables) or f"{path} has no NVTX ranges; profile with --trace "
+                            "including nvtx (scripts/launch.sh does) and let the run reach its training loop")
+        events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
+        capture_end = _capture_end(db, tables)
+        gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
+        metrics = load_metric_samples(db, tables) or None
+        names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
+        copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
     processes, source = (), ""
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
         processes, source = _processes(events)
