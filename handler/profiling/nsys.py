@@ -201,7 +201,8 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
         newer = too_new(report, result.stderr + result.stdout)
         if newer:
             raise UserError(newer)
-        raise UserError(f"nsys could not read {report} ({reason}); pass an .nsys-rep written "
-                        "by a finished nsys profile run (a crashed one leaves only a .qdstrm)")
+        raise UserError(f"nsys could not read {report} ({reason}): it is damaged, cut off, or not from a finished "
+                        "nsys profile run; copy it again from where it was recorded, or record the run again (a "
+                        "crashed nsys leaves only a .qdstrm)")
     os.replace(partial, target)
     return target

@@ -9,6 +9,8 @@ A run killed inside an epoch (OOM, an NCCL abort) leaves that epoch's range open
 with no end, or (2022.4, seen in its exports) closes it at the capture's end, ANALYSIS_DETAILS'
 `duration`. Such a process keeps the epochs before it and is marked `cut_short` (_cut_short).
 """
+import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from handler.runtime.errors import UserError
 from handler.runtime.names import BATCH, EPOCH, HOST, RANK
 
 from .columns import GpuColumns, load_gpu
-from .conventions import OURS, Convention, detect
+from .conventions import OURS, Convention, detect, library_of
 from .devices import Copies, load_copies, load_peaks
 from .gpu_metrics import MetricSample, load_metric_samples
 from .nsys import export_problem, not_an_export, open_export
@@ -86,7 +88,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         metrics = load_metric_samples(db, tables) or None
         names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
         copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
-    processes, source = (), ""
+    processes, source, given = (), "", convention
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
         processes, source = _processes(events)
         convention = OURS if processes else detect(e[2] for e in events if e[2])
@@ -94,6 +96,12 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         processes, source = _other_processes(events, convention, gpu)
     elif not processes:
         processes, source = _processes(events)
+    if not processes and given is not None:  # the user's own mapping (--ranges) named nothing here
+        seen = Counter(re.sub(r"\d+", "*", e[2]) for e in events
+                       if e[2] and e[1] is not None and not library_of(e[2], e[4])).most_common(6)
+        raise UserError(f"{path}: the --ranges mapping ({given.name}) names no step in its NVTX ranges; match "
+                        "the patterns to its names (the most frequent, numbers as *: "
+                        f"{', '.join(repr(n) for n, _ in seen) or 'none'})")
     if not processes:
         raise UserError(f"{path} has no 'epoch N' NVTX ranges or 'rank N' marks, nor epochs or steps named as "
                         "the lab kit ('Epoch N' > 'Batch N') or torch.profiler ('ProfilerStep#N') name them; "
@@ -202,7 +210,8 @@ def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[
             if found := RANK.match(text or ""):
                 marks[pid] = int(found.group(1))
         elif text:
-            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or text, start, end, tid, domain, closed))
+            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or _unnamed(text), start, end, tid,
+                                                    domain, closed))
     if convention.epoch is None:  # steps only: each process's steps are epoch 0
         for own in ranges.values():
             steps = [r for r in own if BATCH.match(r.name) and r.closed]
@@ -220,6 +229,13 @@ def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[
         source += ", in pid order"
     return tuple(sorted((Process(pid, rank_of[pid], tuple(ranges.get(pid, ()))) for pid in trainers),
                         key=lambda p: p.rank)), source
+
+
+def _unnamed(text: str) -> str:
+    """A range the convention does not name. One that bears our epoch or step name (a report of
+    ours read with --ranges) is kept apart, so it neither doubles the convention's epochs and steps
+    nor clashes with the epoch 0 of a convention without epochs."""
+    return f"({text})" if EPOCH.match(text) or BATCH.match(text) else text
 
 
 def _thread_names(db, tables) -> dict:
