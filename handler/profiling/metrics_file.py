@@ -30,6 +30,8 @@ def metrics_problem(data) -> str | None:
         return f"is a JSON {type(data).__name__}, not the object train_cifar.py writes"
     if "ranks" in data and "overall" in data:
         return "is a profile summary (.summary.json), not the run's metrics JSON"
+    if not {"config", "env", "epochs"} & data.keys():
+        return "has none of the metrics JSON's `config`, `env` and `epochs`: it is another file's JSON"
     for section, fields in (("config", CONFIG_FIELDS), ("env", ENV_FIELDS)):
         block = data.get(section)
         if block is None:
