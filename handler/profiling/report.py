@@ -23,7 +23,7 @@ from .analysis import incomplete, summarize
 from .scaling.machine import machine_of
 from .merge import markdown_lines as merge_lines
 from .merge import merge
-from .metrics_file import read_metrics
+from .lab.metrics_file import read_metrics
 from .conventions import from_mapping
 from .lab.cells import is_kit_layout, lab_reports
 from .lab.page import build_lab, say_left_off

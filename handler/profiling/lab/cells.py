@@ -9,7 +9,7 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError
 
-from ..metrics_file import read_metrics
+from .metrics_file import read_metrics
 from ..nsys import reports_in
 
 KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...

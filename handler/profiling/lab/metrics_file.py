@@ -7,7 +7,7 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError
 
-# The fields the report reads (analysis, scaling/machine.py, scaling/links.py, lab/cells.py), by type.
+# The fields the report reads (analysis.py, scaling/machine.py, scaling/links.py, cells.py), by type.
 NUMBER, INTEGER, TEXT, OBJECT = "a number", "a whole number", "a string", "an object"
 CONFIG_FIELDS = {"workers": NUMBER, "num_gpu": INTEGER, "mode": TEXT, "model": TEXT, "comm_hook": TEXT,
                  "bucket_cap_mb": NUMBER, "powersgd_rank": INTEGER}
