@@ -20,6 +20,22 @@ def reports_in(folder: Path) -> list[Path]:
     return sorted([*reports, *(p for p in folder.glob("*.sqlite") if p.stem not in stems)])
 
 
+UNFINISHED = ("nsys's unfinished capture (.qdstrm): nsys stopped before writing the .nsys-rep (it, or the run, "
+              "was killed, or the disk filled); record the run again")
+
+
+def no_reports(folder: Path, fix: str) -> str:
+    """The one line for a folder without reports, saying what it holds instead."""
+    try:
+        held = sorted(p.name for p in folder.iterdir())
+    except OSError as err:
+        return f"{folder} cannot be read ({err.strerror}); check its permissions"
+    if any(name.endswith(".qdstrm") for name in held):
+        return f"{folder} holds no .nsys-rep or .sqlite report, only {UNFINISHED}"
+    what = f"it holds {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}" if held else "it is empty"
+    return f"{folder} holds no .nsys-rep or .sqlite report ({what}); {fix}"
+
+
 INSTALL_HINT = "install it with scripts/install_nsys.sh (or from https://developer.nvidia.com/nsight-systems)"
 
 
@@ -177,6 +193,8 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
         return report
     if report.stat().st_size == 0 and report.suffix in REPORT_SUFFIXES:
         raise UserError(f"{report} is empty (0 bytes): nsys stopped before writing it; record the run again")
+    if report.suffix == ".qdstrm":
+        raise UserError(f"{report} is {UNFINISHED}")
     if report.suffix not in REPORT_SUFFIXES:
         raise UserError(f"{report} is not an Nsight Systems report; pass the .nsys-rep "
                         "written by nsys profile (or its .sqlite export)")

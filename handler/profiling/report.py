@@ -27,7 +27,7 @@ from .lab.metrics_file import read_metrics
 from .conventions import from_mapping
 from .lab.cells import is_kit_layout, lab_reports
 from .lab.page import build_lab, say_left_off
-from .nsys import nsys_version, open_with, recorded_version, reports_in, sqlite_export
+from .nsys import no_reports, nsys_version, open_with, recorded_version, reports_in, sqlite_export
 from .render import markdown, one_line
 from .trace import load_trace
 
@@ -62,7 +62,7 @@ def reports_of(paths: list[Path]) -> list[Path]:
         if path.is_dir():
             inside = reports_in(path)
             if not inside:
-                raise UserError(f"{path} holds no .nsys-rep or .sqlite report; pass a folder of nsys reports")
+                raise UserError(no_reports(path, "pass a folder of nsys reports"))
             found += inside
         else:
             found.append(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 from handler.runtime.errors import UserError
 
 from .metrics_file import read_metrics
-from ..nsys import reports_in
+from ..nsys import no_reports, reports_in
 
 KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
 KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
@@ -34,8 +34,10 @@ def lab_reports(paths: list[Path]) -> list[dict]:
         else:
             reports += reports_in(path) if path.is_dir() else [path]
     if not reports:
-        raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; pass the kit's "
-                        "nsight_logs folder or the reports themselves")
+        fix = "pass the kit's nsight_logs folder or the reports themselves"
+        if len(paths) == 1 and paths[0].is_dir():
+            raise UserError(no_reports(paths[0], fix))
+        raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; {fix}")
     return [_cell_of(report) for report in reports]
 
 

@@ -246,3 +246,24 @@ def test_a_ranges_mapping_over_our_own_names_reads_one_epoch_not_two_and_one_nam
     line = one_line(status, err, "report")
     assert "the --ranges mapping (user mapping (step='Step *')) names no step in its NVTX ranges" in line
     assert "'batch *'" in line and "[DALI]" not in line and "name yours with --ranges" not in line
+
+
+@pytest.mark.parametrize("given, lab, says", [
+    ("crashed/r.qdstrm", False, "{p} is nsys's unfinished capture (.qdstrm): nsys stopped before writing the .nsys-rep"),
+    ("crashed", False, "{p} holds no .nsys-rep or .sqlite report, only nsys's unfinished capture (.qdstrm)"),
+    ("crashed", True, "{p} holds no .nsys-rep or .sqlite report, only nsys's unfinished capture (.qdstrm)"),
+    ("notes", False, "{p} holds no .nsys-rep or .sqlite report (it holds a.json, b.txt); pass a folder of nsys reports"),
+    ("empty", True, "{p} holds no .nsys-rep or .sqlite report (it is empty); pass the kit's nsight_logs folder"),
+    ("missing.nsys-rep", False, "{p} does not exist; record one with scripts/launch.sh"),
+], ids=["qdstrm", "folder of a crashed run", "the same, lab page", "folder of other files", "empty folder, lab page",
+        "missing"])
+def test_a_report_path_without_a_report_says_what_it_holds(tmp_path, capsys, given, lab, says):
+    """Before: a .qdstrm "is not an Nsight Systems report; pass the .nsys-rep", and a folder without
+    reports never said what it held."""
+    (tmp_path / "empty").mkdir()
+    for name in ("crashed/r.qdstrm", "notes/a.json", "notes/b.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    path = tmp_path / given
+    status, _, err = run("report", [path, *(["--lab"] if lab else [])], capsys)
+    assert one_line(status, err, "report").startswith(f"report: {says.format(p=path)}"), err
