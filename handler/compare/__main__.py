@@ -143,8 +143,12 @@ def _interrupt(signum, frame):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    check_out_folder(args.out or Path("reports"), "--out" if args.out else "the default --out folder",
-                     "name a folder you can write with --out")  # before any run
+    if args.out:  # before any run
+        check_out_folder(args.out, "--out")
+    else:
+        check_out_folder(Path("reports"), "the default --out's folder", "name a folder you can write with --out")
+    for kit in ("nsight_logs", "runs") if args.lab else ():  # where --lab writes each run, as the kit does
+        check_out_folder(Path(kit), "--lab's kit folder", "move it away, or run compare --lab in another folder")
     gpus = cuda_status()[0]
     if args.lab:
         args.modes, args.counts = args.modes or ",".join(LAB_MODES), args.counts or "1,2"

@@ -10,16 +10,17 @@ from pathlib import Path
 from .errors import UserError
 
 
-def check_out_folder(out: Path, named: str, fix: str = "name a folder you can write") -> None:
-    """named: how the user gave it ("--out lab"); fix: what to do instead. Creates nothing."""
+def check_out_folder(out: Path, named: str, fix: str | None = None) -> None:
+    """named: how the user gave it ("--out"); fix: what to do instead (default: name another
+    folder). Creates nothing."""
     folder = out
     try:
         while not folder.is_dir() and not folder.exists() and folder != folder.parent:
             folder = folder.parent
         if not folder.is_dir():
             where = "is a file" if folder == out else f"is under {folder}, which is a file"
-            raise UserError(f"{named} {out} {where}; name a folder (it is made if missing)")
+            raise UserError(f"{named} {out} {where}; {fix or 'name a folder (it is made if missing)'}")
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:  # ENOENT in a folder that is there: a system one (/proc) that takes no new files
         why = "it takes no new files" if err.errno == errno.ENOENT and folder.is_dir() else err.strerror
-        raise UserError(f"{named} {out}: cannot write in {folder} ({why}); {fix}") from None
+        raise UserError(f"{named} {out}: cannot write in {folder} ({why}); {fix or 'name a folder you can write'}") from None

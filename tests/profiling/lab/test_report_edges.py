@@ -107,6 +107,16 @@ def test_compares_out_under_a_file_is_one_line_before_any_run(tmp_path, capsys):
     assert files_under(tmp_path) == ["results.txt"]
 
 
+def test_compare_lab_where_the_kits_nsight_logs_is_a_file_is_one_line_before_any_run(tmp_path, monkeypatch, capsys):
+    """Before: every cell's launch.sh failed on it, one failed row after another."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nsight_logs").write_text("x")
+    status, _, err = run("compare", ["--lab", "--out", tmp_path / "cmp"], capsys)
+    assert one_line(status, err, "compare") == ("compare: --lab's kit folder nsight_logs is a file; move it away, "
+                                                "or run compare --lab in another folder")
+    assert files_under(tmp_path) == ["nsight_logs"]
+
+
 def test_another_programs_sqlite_is_named_not_an_export_and_an_export_without_nvtx_keeps_the_trace_advice(
         tmp_path, capsys):
     """Before, both read "has no NVTX ranges; profile with --trace including nvtx": wrong advice for
