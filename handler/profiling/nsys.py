@@ -145,12 +145,18 @@ def open_export(export: Path):
         raise UserError(export_error(export, err)) from None
 
 
+def damaged(export: Path, found: str) -> str:
+    """found: SQLite's words for the damage (an error, or quick_check's first finding), on one line."""
+    found = " ".join(found.replace("*** in database main ***", "").split())
+    return f"{export} is truncated or damaged, not a readable nsys SQLite export (SQLite: {found}); {AGAIN}"
+
+
 def export_error(export: Path, err: sqlite3.DatabaseError) -> str:
     """A damaged page (SQLITE_CORRUPT, NOTADB) reads as damaged; a failed read of the disk as that;
     anything else (a missing table or column) as an export this nsys-free reader cannot read."""
     kind = getattr(err, "sqlite_errorname", "")
     if kind.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
-        return f"{export} is truncated or damaged, not a readable nsys SQLite export (SQLite: {err}); {AGAIN}"
+        return damaged(export, str(err))
     if kind.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_READONLY")):
         return f"{export} cannot be read (SQLite: {err}); check the file, its permissions and its disk"
     return (f"{export} lacks a table or column that nsys exports hold (SQLite: {err}); pass the .sqlite that "

@@ -21,7 +21,7 @@ from .columns import GpuColumns, load_gpu
 from .conventions import OURS, Convention, detect, library_of
 from .devices import Copies, load_copies, load_peaks
 from .gpu_metrics import MetricSample, load_metric_samples
-from .nsys import export_problem, not_an_export, open_export
+from .nsys import damaged, export_problem, not_an_export, open_export
 
 @dataclass(frozen=True)
 class Range:
@@ -78,6 +78,8 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
     if problem := export_problem(path):
         raise UserError(problem)
     with open_export(path) as db:  # a damaged page anywhere below: one line naming the file
+        if (check := db.execute("PRAGMA quick_check(1)").fetchone()[0]) != "ok":  # every page, ~10 % of a read
+            raise UserError(damaged(path, check))
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "NVTX_EVENTS" not in tables:
             raise UserError(not_an_export(path, tables) or f"{path} has no NVTX ranges; profile with --trace "

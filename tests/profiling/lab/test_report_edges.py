@@ -18,8 +18,9 @@ import pytest
 from handler.profiling.analysis import summarize
 from handler.profiling.conventions import from_mapping
 from handler.profiling.report import main as report_main
+from handler.profiling.scaling.machine import machine_of
 from handler.profiling.trace import load_trace
-from handler.runtime.errors import one_line_errors
+from handler.runtime.errors import UserError, one_line_errors
 from tests.nsys_helpers import REPO
 
 DATA = REPO / "tests" / "data" / "nsys"
@@ -135,14 +136,30 @@ def test_another_programs_sqlite_is_named_not_an_export_and_an_export_without_nv
 
 @pytest.mark.parametrize("argv", [["{damaged}"], ["{damaged}", KILLED]], ids=["one report", "a job of two"])
 def test_an_export_damaged_inside_is_one_line_naming_it(tmp_path, capsys, argv):
-    """The machine's table's page overwritten: trace and analysis read, then the machine's read
-    failed. Before: sqlite3.DatabaseError: database disk image is malformed, a traceback."""
+    """The machine's table's page overwritten: the trace and the analysis read, then the machine's
+    read failed. Before: sqlite3.DatabaseError: database disk image is malformed, a traceback. Now
+    SQLite's quick_check finds the page before anything is read."""
     damaged = page_damaged(WORKERS, tmp_path / "ddp_2gpu.sqlite", "TARGET_INFO_SYSTEM_ENV")
     status, _, err = run("report", [str(a).format(damaged=damaged) for a in argv] + ["--out", tmp_path / "o"], capsys)
-    assert one_line(status, err, "report").startswith(
-        f"report: {damaged} is truncated or damaged, not a readable nsys SQLite export (SQLite: database disk image "
-        "is malformed); export the .nsys-rep again")
+    line = one_line(status, err, "report")
+    assert line.startswith(f"report: {damaged} is truncated or damaged, not a readable nsys SQLite export (SQLite: ")
+    assert "export the .nsys-rep again" in line
     assert not (tmp_path / "o").exists()
+
+
+def test_a_damaged_page_any_read_meets_is_one_line_naming_the_export(tmp_path):
+    """The machine's and the job clock's reads open the export through open_export too: SQLite's
+    `database disk image is malformed` there is the same line, not a traceback."""
+    damaged = page_damaged(WORKERS, tmp_path / "ddp_2gpu.sqlite", "TARGET_INFO_SYSTEM_ENV")
+    with pytest.raises(UserError, match=r"is truncated or damaged, .*\(SQLite: database disk image is malformed\)"):
+        machine_of(damaged, [])
+
+
+def test_a_damaged_page_in_a_table_the_report_never_reads_is_found_too(tmp_path):
+    """Before: OS runtime calls' page overwritten, the report read on and said nothing."""
+    damaged = page_damaged(WORKERS, tmp_path / "ddp_2gpu.sqlite", "OSRT_API")
+    with pytest.raises(UserError, match="is truncated or damaged, not a readable nsys SQLite export"):
+        load_trace(damaged)
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +186,7 @@ def test_the_lab_page_is_kept_and_lists_each_bad_report_as_what_it_is(bad_night)
     lab = json.loads((folder / "lab" / "lab.json").read_text())
     assert [Path(r["report"]).name for r in lab["reports"]] == ["ddp_1gpu.sqlite"]
     why = {Path(b["report"]).name: b["why"] for b in lab["left_off"]}
-    assert "is truncated or damaged, not a readable nsys SQLite export (SQLite: database disk image is malformed)" \
-        in why["ddp_2gpu.sqlite"]
+    assert "is truncated or damaged, not a readable nsys SQLite export (SQLite: " in why["ddp_2gpu.sqlite"]
     assert "is an SQLite database but not an nsys export" in why["dp_1gpu.sqlite"]
     assert why["fsdp_1gpu.sqlite"].startswith(f"metrics file {folder / 'fsdp_1gpu.metrics.json'} is not JSON (")
     assert "it lies beside fsdp_1gpu.sqlite as its run's metrics: fix it, or move it away" in why["fsdp_1gpu.sqlite"]
