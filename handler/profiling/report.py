@@ -97,6 +97,9 @@ def main(argv=None) -> None:
     if args.out:  # before any export or page: nothing is written anywhere when it cannot be
         check_out_folder(args.out, "--out")
     if args.lab or any(is_kit_layout(p) for p in args.report):
+        if args.metrics:  # not taken in silence: each report's own metrics are beside it
+            raise UserError("--metrics is for one report or one job; the lab page reads each report's metrics JSON "
+                            "beside it (<name>.metrics.json, as launch.sh writes it): drop --metrics")
         entries, out = lab_reports(args.report), args.out or _folder(args.report[0])
         check_out_folder(out, "the lab page's folder (no --out given)", "pass --out DIR, a folder you can write")
         page, left_off = build_lab(entries, out, convention)

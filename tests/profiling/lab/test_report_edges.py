@@ -293,3 +293,13 @@ def test_a_report_path_without_a_report_says_what_it_holds(tmp_path, capsys, giv
     path = tmp_path / given
     status, _, err = run("report", [path, *(["--lab"] if lab else [])], capsys)
     assert one_line(status, err, "report").startswith(f"report: {says.format(p=path)}"), err
+
+
+def test_metrics_given_to_the_lab_page_is_one_line_not_ignored(tmp_path, capsys):
+    """Before: --metrics with --lab (or a kit folder) was dropped without a word."""
+    report = shutil.copyfile(GOOD, tmp_path / "ddp_1gpu.sqlite")
+    (tmp_path / "run.metrics.json").write_text('{"config": {}}')
+    status, _, err = run("report", [report, "--lab", "--metrics", tmp_path / "run.metrics.json"], capsys)
+    assert "--metrics is for one report or one job; the lab page reads each report's metrics JSON beside it" in \
+        one_line(status, err, "report")
+    assert not (tmp_path / "lab.md").exists()
