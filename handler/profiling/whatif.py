@@ -277,6 +277,8 @@ def _summary_json(path: Path):
         found = sorted(p.name for p in path.glob("*.summary.json"))
         raise UserError(f"{path} is a folder; " + (f"pass one of its summaries: {', '.join(found[:4])}" if found else
                         f"it holds no .summary.json: {SUMMARISE} {path} first"))
+    if path.name.endswith(".summary.md"):
+        raise UserError(f"{path} is the summary for people (markdown); pass the .summary.json beside it")
     if path.suffix in (".sqlite", *REPORT_SUFFIXES):
         raise UserError(f"{path} is an nsys report, not its summary; {SUMMARISE} {path}, then pass the "
                         ".summary.json it writes")

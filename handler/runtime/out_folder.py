@@ -15,10 +15,11 @@ def check_out_folder(out: Path, named: str, fix: str | None = None) -> None:
     folder). Creates nothing."""
     folder = out
     try:
-        while not folder.is_dir() and not folder.exists() and folder != folder.parent:
+        while not folder.is_dir() and not folder.exists() and not folder.is_symlink() and folder != folder.parent:
             folder = folder.parent
         if not folder.is_dir():
-            where = "is a file" if folder == out else f"is under {folder}, which is a file"
+            what = "a link to nothing" if folder.is_symlink() and not folder.exists() else "a file"
+            where = f"is {what}" if folder == out else f"is under {folder}, which is {what}"
             raise UserError(f"{named} {out} {where}; {fix or 'name a folder (it is made if missing)'}")
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:  # ENOENT in a folder that is there: a system one (/proc) that takes no new files

@@ -88,15 +88,18 @@ def other_programs_database(path: Path) -> Path:
     ("{file}/sub", " is under {file}, which is a file; name a folder"),
     ("{file}", " is a file; name a folder"),
     ("/proc/lab", ": cannot write in /proc (it takes no new files); name a folder you can write"),
-], ids=["under a file", "the input file itself", "under /proc"])
+    ("{dangling}/lab", " is under {dangling}, which is a link to nothing; name a folder"),
+], ids=["under a file", "the input file itself", "under /proc", "under a broken link"])
 def test_an_out_that_cannot_be_a_folder_is_one_line_and_nothing_is_written(tmp_path, capsys, lab, where, says):
     """Before: NotADirectoryError, FileExistsError or FileNotFoundError, a traceback (the single
     report wrote its export first)."""
     report = shutil.copyfile(GOOD, tmp_path / "ddp_1gpu.sqlite")
+    dangling = tmp_path / "gone"
+    dangling.symlink_to(tmp_path / "removed")
     before = files_under(tmp_path)
-    out = where.format(file=report)
+    out = where.format(file=report, dangling=dangling)
     status, _, err = run("report", [report, "--out", out, *(["--lab"] if lab else [])], capsys)
-    assert one_line(status, err, "report").startswith(f"report: --out {out}{says.format(file=report)}")
+    assert one_line(status, err, "report").startswith(f"report: --out {out}{says.format(file=report, dangling=dangling)}")
     assert files_under(tmp_path) == before
 
 
@@ -236,8 +239,9 @@ def test_a_metrics_json_the_report_cannot_use_is_one_line_before_anything_is_wri
     ("{binary}", "is not text (a binary file)"),
     ("{cut}", "is not JSON ("),
     ("{unreadable}", "cannot be read (Input/output error); check its permissions"),
+    ("{markdown}", "is the summary for people (markdown); pass the .summary.json beside it"),
 ], ids=["folder", "folder of summaries", "sqlite", "nsys-rep", "empty", "list", "metrics", "binary", "cut off",
-        "unreadable"])
+        "unreadable", "markdown"])
 def test_the_whatif_given_the_wrong_file_says_what_it_is_in_one_line(tmp_path, capsys, given, says):
     """Before: "is not JSON ([Errno 21] Is a directory)", "is not JSON ('utf-8' codec can't decode ...)" for a
     report, "ranks is missing" for the metrics JSON."""
@@ -245,7 +249,7 @@ def test_the_whatif_given_the_wrong_file_says_what_it_is_in_one_line(tmp_path, c
              "rep": tmp_path / "gpu_1.nsys-rep", "empty": tmp_path / "e.summary.json",
              "list": tmp_path / "l.summary.json", "metrics": tmp_path / "run.metrics.json",
              "binary": tmp_path / "b.summary.json", "cut": tmp_path / "c.summary.json",
-             "unreadable": tmp_path / "u.summary.json"}
+             "unreadable": tmp_path / "u.summary.json", "markdown": tmp_path / "m.summary.md"}
     files["folder"].mkdir()
     files["summaries"].mkdir()
     (files["summaries"] / "a.summary.json").write_text("{}")
@@ -255,6 +259,7 @@ def test_the_whatif_given_the_wrong_file_says_what_it_is_in_one_line(tmp_path, c
     files["metrics"].write_text(json.dumps({"schema": 1, "config": {"mode": "ddp"}, "env": {}, "epochs": []}))
     files["binary"].write_bytes(b"\xff\xfe\x00")
     files["cut"].write_text('{"schema": 1, "ranks": [')
+    files["markdown"].write_text("# ddp_1gpu.sqlite\n")
     os.symlink("/proc/self/mem", files["unreadable"])  # open succeeds, read fails (EIO), even for root
     path = files[given.strip("{}")]
     status, _, err = run("whatif", [path], capsys)
