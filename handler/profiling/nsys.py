@@ -129,9 +129,14 @@ def not_an_export(export: Path, tables: set[str]) -> str | None:
     if any(t in NSYS_TABLES or t.startswith(NSYS_PREFIXES) for t in tables):
         return None
     held = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "") if tables else "no tables at all"
-    return (f"{export} is an SQLite database but not an nsys export (it has none of nsys's tables: StringIds, "
-            f"TARGET_INFO_*, ANALYSIS_DETAILS; it holds {held}); pass the .nsys-rep, or the .sqlite that nsys "
-            "export wrote from it")
+    return (f"{export} is an SQLite database but not an nsys export (none of nsys's tables, such as StringIds, "
+            f"TARGET_INFO_* or ANALYSIS_DETAILS, is in it: it holds {held}); pass the .nsys-rep, or the .sqlite that "
+            "nsys export wrote from it")
+
+
+def _tables(export: Path) -> set[str]:
+    with open_export(export) as db:
+        return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
 @contextmanager
@@ -207,6 +212,9 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
     target = out_dir / f"{report.stem}.sqlite"
     for existing in (report.with_suffix(".sqlite"), target):
         if existing.is_file() and existing.stat().st_mtime >= report.stat().st_mtime:
+            if problem := export_problem(existing) or not_an_export(existing, _tables(existing)):
+                raise UserError(f"{problem.split('; ')[0]}, and, newer than {report.name} beside it, it is taken as "
+                                f"that report's export; move it away, and the report exports {report.name} afresh")
             return existing
     out_dir.mkdir(parents=True, exist_ok=True)
     # Export under a temporary name so an interrupted export is never reused as fresh.

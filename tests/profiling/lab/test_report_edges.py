@@ -308,3 +308,17 @@ def test_metrics_given_to_the_lab_page_is_one_line_not_ignored(tmp_path, capsys)
     assert "--metrics is for one report or one job; the lab page reads each report's metrics JSON beside it" in \
         one_line(status, err, "report")
     assert not (tmp_path / "lab.md").exists()
+
+
+def test_another_programs_sqlite_taken_as_a_reports_export_says_to_move_it_away(tmp_path, capsys):
+    """X.sqlite beside X.nsys-rep, newer, is reused as its export. Before: "pass the .nsys-rep, or
+    the .sqlite that nsys export wrote from it", to a user who had passed the .nsys-rep."""
+    report = tmp_path / "ddp_1gpu.nsys-rep"
+    report.write_bytes(b"\x00" * 64)
+    os.utime(report, (1_000_000_000, 1_000_000_000))
+    other_programs_database(tmp_path / "ddp_1gpu.sqlite")
+    status, _, err = run("report", [report], capsys)
+    line = one_line(status, err, "report")
+    assert line.startswith(f"report: {tmp_path / 'ddp_1gpu.sqlite'} is an SQLite database but not an nsys export (")
+    assert line.endswith("it is taken as that report's export; move it away, and the report exports ddp_1gpu.nsys-rep "
+                         "afresh") and "pass the .nsys-rep" not in line
