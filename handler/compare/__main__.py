@@ -33,6 +33,7 @@ from ..modes import MODES, option_choices
 from ..profiling.lab.page import write_cells_lab
 from ..runtime.devices import cuda_status
 from ..runtime.errors import UserError, one_line_errors
+from ..runtime.out_folder import check_out_folder
 from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, sweep_hooks
 from .plots import write_plots
 from .predict import add_predictions
@@ -142,6 +143,12 @@ def _interrupt(signum, frame):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.out:  # before any run
+        check_out_folder(args.out, "--out")
+    else:
+        check_out_folder(Path("reports"), "the default --out's folder", "name a folder you can write with --out")
+    for kit in ("nsight_logs", "runs") if args.lab else ():  # where --lab writes each run, as the kit does
+        check_out_folder(Path(kit), "--lab's kit folder", "move it away, or run compare --lab in another folder")
     gpus = cuda_status()[0]
     if args.lab:
         args.modes, args.counts = args.modes or ",".join(LAB_MODES), args.counts or "1,2"

@@ -8,21 +8,20 @@ then, where the export has it; older exports count from the session start). Exac
 reports of one machine; across machines off by the hosts' UTC disagreement (NTP: typically
 0.1-10 ms; PTP: around 1 us), which docs/PROFILING.md discusses.
 """
-import sqlite3
-from contextlib import closing
 from pathlib import Path
 
 from handler.runtime.errors import UserError
 
 from .analysis import _mean, _overall, _ratio, comm_config, first_comm_per_process, summarize
 from .comm import stragglers
+from .nsys import open_export
 from .scaling.machine import machine_of
 from .trace import load_trace
 
 
 def clock_offset(export: Path) -> tuple[int, str]:
     """(ns to add to the export's timestamps to get UTC ns, the session's UTC start)."""
-    with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
+    with open_export(export) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "TARGET_INFO_SESSION_START_TIME" not in tables:
             raise UserError(f"{export} has no TARGET_INFO_SESSION_START_TIME, so its clock cannot be aligned "

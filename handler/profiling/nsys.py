@@ -4,7 +4,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from handler.runtime.errors import UserError
@@ -18,6 +18,22 @@ def reports_in(folder: Path) -> list[Path]:
     reports = [p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES]
     stems = {p.stem for p in reports}
     return sorted([*reports, *(p for p in folder.glob("*.sqlite") if p.stem not in stems)])
+
+
+UNFINISHED = ("nsys's unfinished capture (.qdstrm): nsys stopped before writing the .nsys-rep (it, or the run, "
+              "was killed, or the disk filled); record the run again")
+
+
+def no_reports(folder: Path, fix: str) -> str:
+    """The one line for a folder without reports, saying what it holds instead."""
+    try:
+        held = sorted(p.name for p in folder.iterdir())
+    except OSError as err:
+        return f"{folder} cannot be read ({err.strerror}); check its permissions"
+    if any(name.endswith(".qdstrm") for name in held):
+        return f"{folder} holds no .nsys-rep or .sqlite report, only {UNFINISHED}"
+    what = f"it holds {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}" if held else "it is empty"
+    return f"{folder} holds no .nsys-rep or .sqlite report ({what}); {fix}"
 
 
 INSTALL_HINT = "install it with scripts/install_nsys.sh (or from https://developer.nvidia.com/nsight-systems)"
@@ -102,6 +118,56 @@ def export_problem(export: Path) -> str | None:
     return None
 
 
+# Tables every nsys export holds whatever was traced (its strings, the target's facts, the session);
+# an SQLite file with none of them is another program's database, not an export.
+NSYS_TABLES = ("StringIds", "ANALYSIS_DETAILS", "META_DATA_EXPORT", "EXPORT_META_DATA", "ThreadNames", "PROCESSES")
+NSYS_PREFIXES = ("TARGET_INFO_", "ENUM_", "NVTX_", "CUPTI_ACTIVITY_KIND_")
+
+
+def not_an_export(export: Path, tables: set[str]) -> str | None:
+    """The one-line error for an SQLite file that holds none of nsys's own tables; None for an export."""
+    if any(t in NSYS_TABLES or t.startswith(NSYS_PREFIXES) for t in tables):
+        return None
+    held = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "") if tables else "no tables at all"
+    return (f"{export} is an SQLite database but not an nsys export (none of nsys's tables, such as StringIds, "
+            f"TARGET_INFO_* or ANALYSIS_DETAILS, is in it: it holds {held}); pass the .nsys-rep, or the .sqlite that "
+            "nsys export wrote from it")
+
+
+def _tables(export: Path) -> set[str]:
+    with open_export(export) as db:
+        return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+@contextmanager
+def open_export(export: Path):
+    """The export opened read-only. SQLite's complaint about the file, from any read inside the
+    block (the trace, the machine, the clock), becomes one line naming it (export_error)."""
+    try:
+        with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
+            yield db
+    except sqlite3.DatabaseError as err:
+        raise UserError(export_error(export, err)) from None
+
+
+def damaged(export: Path, found: str) -> str:
+    """found: SQLite's words for the damage (an error, or quick_check's first finding), on one line."""
+    found = " ".join(found.replace("*** in database main ***", "").split())
+    return f"{export} is truncated or damaged, not a readable nsys SQLite export (SQLite: {found}); {AGAIN}"
+
+
+def export_error(export: Path, err: sqlite3.DatabaseError) -> str:
+    """A damaged page (SQLITE_CORRUPT, NOTADB) reads as damaged; a failed read of the disk as that;
+    anything else (a missing table or column) as an export this nsys-free reader cannot read."""
+    kind = getattr(err, "sqlite_errorname", "")
+    if kind.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return damaged(export, str(err))
+    if kind.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_READONLY")):
+        return f"{export} cannot be read (SQLite: {err}); check the file, its permissions and its disk"
+    return (f"{export} lacks a table or column that nsys exports hold (SQLite: {err}); pass the .sqlite that "
+            "nsys export wrote, unedited, or export the .nsys-rep again (nsys export --type sqlite REPORT)")
+
+
 def release(version: str | None) -> tuple[int, ...]:
     """(2025, 5, 1) from '2025.5.1' or '2022.4.2.1-df9881f'; () when unreadable."""
     found = re.match(r"(\d{4})\.(\d+)(?:\.(\d+))?", version or "")
@@ -138,12 +204,17 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
         return report
     if report.stat().st_size == 0 and report.suffix in REPORT_SUFFIXES:
         raise UserError(f"{report} is empty (0 bytes): nsys stopped before writing it; record the run again")
+    if report.suffix == ".qdstrm":
+        raise UserError(f"{report} is {UNFINISHED}")
     if report.suffix not in REPORT_SUFFIXES:
         raise UserError(f"{report} is not an Nsight Systems report; pass the .nsys-rep "
                         "written by nsys profile (or its .sqlite export)")
     target = out_dir / f"{report.stem}.sqlite"
     for existing in (report.with_suffix(".sqlite"), target):
         if existing.is_file() and existing.stat().st_mtime >= report.stat().st_mtime:
+            if problem := export_problem(existing) or not_an_export(existing, _tables(existing)):
+                raise UserError(f"{problem.split('; ')[0]}, and, newer than {report.name} beside it, it is taken as "
+                                f"that report's export; move it away, and the report exports {report.name} afresh")
             return existing
     out_dir.mkdir(parents=True, exist_ok=True)
     # Export under a temporary name so an interrupted export is never reused as fresh.
@@ -162,7 +233,8 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
         newer = too_new(report, result.stderr + result.stdout)
         if newer:
             raise UserError(newer)
-        raise UserError(f"nsys could not read {report} ({reason}); pass an .nsys-rep written "
-                        "by a finished nsys profile run (a crashed one leaves only a .qdstrm)")
+        raise UserError(f"nsys could not read {report} ({reason}): it is damaged, cut off, or not from a finished "
+                        "nsys profile run; copy it again from where it was recorded, or record the run again (a "
+                        "crashed nsys leaves only a .qdstrm)")
     os.replace(partial, target)
     return target

@@ -17,15 +17,17 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError, one_line_errors
 from handler.runtime.names import EPOCH
+from handler.runtime.out_folder import check_out_folder
 
 from .analysis import incomplete, summarize
 from .scaling.machine import machine_of
 from .merge import markdown_lines as merge_lines
 from .merge import merge
+from .lab.metrics_file import read_metrics
 from .conventions import from_mapping
 from .lab.cells import is_kit_layout, lab_reports
 from .lab.page import build_lab, say_left_off
-from .nsys import nsys_version, open_with, recorded_version, reports_in, sqlite_export
+from .nsys import no_reports, nsys_version, open_with, recorded_version, reports_in, sqlite_export
 from .render import markdown, one_line
 from .trace import load_trace
 
@@ -50,12 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_metrics(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"metrics file {path} does not exist; pass the JSON the run wrote with --metrics") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"metrics file {path} is not JSON ({err}); pass the run's metrics JSON") from None
+    return read_metrics(path)
 
 
 def reports_of(paths: list[Path]) -> list[Path]:
@@ -65,7 +62,7 @@ def reports_of(paths: list[Path]) -> list[Path]:
         if path.is_dir():
             inside = reports_in(path)
             if not inside:
-                raise UserError(f"{path} holds no .nsys-rep or .sqlite report; pass a folder of nsys reports")
+                raise UserError(no_reports(path, "pass a folder of nsys reports"))
             found += inside
         else:
             found.append(path)
@@ -97,14 +94,21 @@ def capture_window(ranks: list[dict], metrics: dict | None) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     convention = from_mapping(args.ranges) if args.ranges else None
+    if args.out:  # before any export or page: nothing is written anywhere when it cannot be
+        check_out_folder(args.out, "--out")
     if args.lab or any(is_kit_layout(p) for p in args.report):
+        if args.metrics:  # not taken in silence: each report's own metrics are beside it
+            raise UserError("--metrics is for one report or one job; the lab page reads each report's metrics JSON "
+                            "beside it (<name>.metrics.json, as launch.sh writes it): drop --metrics")
         entries, out = lab_reports(args.report), args.out or _folder(args.report[0])
+        check_out_folder(out, "the lab page's folder (no --out given)", "pass --out DIR, a folder you can write")
         page, left_off = build_lab(entries, out, convention)
         print(page, flush=True)
         say_left_off(left_off, len(entries), out)  # after the page, so that a terminal ends on them
         return
     reports = reports_of(args.report)
     out_dir = args.out or reports[0].parent
+    check_out_folder(out_dir, "the report's folder (no --out given)", "pass --out DIR, a folder you can write")
     metrics = load_metrics(args.metrics) if args.metrics else None
     if len(reports) == 1:
         export = sqlite_export(reports[0], out_dir)

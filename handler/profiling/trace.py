@@ -9,8 +9,8 @@ A run killed inside an epoch (OOM, an NCCL abort) leaves that epoch's range open
 with no end, or (2022.4, seen in its exports) closes it at the capture's end, ANALYSIS_DETAILS'
 `duration`. Such a process keeps the epochs before it and is marked `cut_short` (_cut_short).
 """
-import sqlite3
-from contextlib import closing
+import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -18,10 +18,10 @@ from handler.runtime.errors import UserError
 from handler.runtime.names import BATCH, EPOCH, HOST, RANK
 
 from .columns import GpuColumns, load_gpu
-from .conventions import OURS, Convention, detect
+from .conventions import OURS, Convention, detect, library_of
 from .devices import Copies, load_copies, load_peaks
 from .gpu_metrics import MetricSample, load_metric_samples
-from .nsys import AGAIN, export_problem
+from .nsys import damaged, export_problem, not_an_export, open_export
 
 @dataclass(frozen=True)
 class Range:
@@ -77,22 +77,20 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
     """convention: how the ranges are named; None: detected (conventions.detect)."""
     if problem := export_problem(path):
         raise UserError(problem)
-    try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if "NVTX_EVENTS" not in tables:
-                raise UserError(f"{path} has no NVTX ranges; profile with --trace including nvtx "
-                                "(scripts/launch.sh does) and let the run reach its training loop")
-            events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
-            capture_end = _capture_end(db, tables)
-            gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
-            metrics = load_metric_samples(db, tables) or None
-            names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
-            copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
-    except sqlite3.DatabaseError as err:
-        raise UserError(f"{path} is truncated or damaged, not a readable nsys SQLite export (SQLite: {err}); "
-                        f"{AGAIN}") from None
-    processes, source = (), ""
+    with open_export(path) as db:  # a damaged page anywhere below: one line naming the file
+        if (check := db.execute("PRAGMA quick_check(1)").fetchone()[0]) != "ok":  # every page, ~10 % of a read
+            raise UserError(damaged(path, check))
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "NVTX_EVENTS" not in tables:
+            raise UserError(not_an_export(path, tables) or f"{path} has no NVTX ranges; profile with --trace "
+                            "including nvtx (scripts/launch.sh does) and let the run reach its training loop")
+        events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
+        capture_end = _capture_end(db, tables)
+        gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
+        metrics = load_metric_samples(db, tables) or None
+        names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
+        copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
+    processes, source, given = (), "", convention
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
         processes, source = _processes(events)
         convention = OURS if processes else detect(e[2] for e in events if e[2])
@@ -100,6 +98,12 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         processes, source = _other_processes(events, convention, gpu)
     elif not processes:
         processes, source = _processes(events)
+    if not processes and given is not None:  # the user's own mapping (--ranges) named nothing here
+        seen = Counter(re.sub(r"\d+", "*", e[2]) for e in events
+                       if e[2] and e[1] is not None and not library_of(e[2], e[4])).most_common(6)
+        raise UserError(f"{path}: the --ranges mapping ({given.name}) names no step in its NVTX ranges; match "
+                        "the patterns to its names (the most frequent, numbers as *: "
+                        f"{', '.join(repr(n) for n, _ in seen) or 'none'})")
     if not processes:
         raise UserError(f"{path} has no 'epoch N' NVTX ranges or 'rank N' marks, nor epochs or steps named as "
                         "the lab kit ('Epoch N' > 'Batch N') or torch.profiler ('ProfilerStep#N') name them; "
@@ -208,7 +212,8 @@ def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[
             if found := RANK.match(text or ""):
                 marks[pid] = int(found.group(1))
         elif text:
-            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or text, start, end, tid, domain, closed))
+            ranges.setdefault(pid, []).append(Range(convention.canonical(text) or _unnamed(text), start, end, tid,
+                                                    domain, closed))
     if convention.epoch is None:  # steps only: each process's steps are epoch 0
         for own in ranges.values():
             steps = [r for r in own if BATCH.match(r.name) and r.closed]
@@ -226,6 +231,13 @@ def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[
         source += ", in pid order"
     return tuple(sorted((Process(pid, rank_of[pid], tuple(ranges.get(pid, ()))) for pid in trainers),
                         key=lambda p: p.rank)), source
+
+
+def _unnamed(text: str) -> str:
+    """A range the convention does not name. One that bears our epoch or step name (a report of
+    ours read with --ranges) is kept apart, so it neither doubles the convention's epochs and steps
+    nor clashes with the epoch 0 of a convention without epochs."""
+    return f"({text})" if EPOCH.match(text) or BATCH.match(text) else text
 
 
 def _thread_names(db, tables) -> dict:

@@ -22,6 +22,7 @@ from .scaling.scale import Setting, cpu_factors, predict
 from .scaling.step import RESOURCES, Split, split_of
 
 from .lab.summary_check import check_summary
+from .nsys import REPORT_SUFFIXES
 
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
 RESNET18_GRAD_MB = 44.696  # fp32 gradients of ResNet-18 (models/, checked by a test): the lab's model
@@ -254,19 +255,47 @@ def link_argument(text: str, grad_mb: float | None) -> Link:
 
 
 def load_summary(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist; pass a .summary.json written by python -m handler.profiling.report") from None
-    except (OSError, ValueError) as err:
-        raise UserError(f"{path} is not JSON ({err}); pass a .summary.json written by "
-                        "python -m handler.profiling.report") from None
+    data = _summary_json(path)
+    if isinstance(data, dict) and {"config", "epochs"} <= data.keys() and "ranks" not in data:
+        raise UserError(f"{path} is the run's metrics JSON (train_cifar.py --metrics), not a profile summary; "
+                        f"{SUMMARISE} on the run's report and pass the .summary.json it writes")
     summary = check_summary(data, str(path))
     cut = summary.get("incomplete")
     if cut and not cut["complete_epochs"]:
         raise UserError(f"{path}: {cut.get('line') or 'the run ended before its first epoch did'}: nothing to predict "
                         "from; profile a run that finishes at least one epoch")
     return summary
+
+
+SUMMARISE = "run python -m handler.profiling.report"
+
+
+def _summary_json(path: Path):
+    """The summary file's JSON; UserError saying what the path is instead."""
+    fix = "pass a .summary.json written by python -m handler.profiling.report"
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.summary.json"))
+        raise UserError(f"{path} is a folder; " + (f"pass one of its summaries: {', '.join(found[:4])}" if found else
+                        f"it holds no .summary.json: {SUMMARISE} {path} first"))
+    if path.name.endswith(".summary.md"):
+        raise UserError(f"{path} is the summary for people (markdown); pass the .summary.json beside it")
+    if path.suffix in (".sqlite", *REPORT_SUFFIXES):
+        raise UserError(f"{path} is an nsys report, not its summary; {SUMMARISE} {path}, then pass the "
+                        ".summary.json it writes")
+    try:
+        text = path.read_bytes().decode()
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist; {fix}") from None
+    except OSError as err:
+        raise UserError(f"{path} cannot be read ({err.strerror}); check its permissions, or {fix}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not text (a binary file); {fix}") from None
+    if not text.strip():
+        raise UserError(f"{path} is empty; {fix}")
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise UserError(f"{path} is not JSON ({err}): damaged or cut off; {fix}") from None
 
 
 def main(argv=None) -> int:

@@ -257,8 +257,14 @@ def sqlite_file(path, *statements):
 
 
 def test_an_export_without_nvtx_ranges_names_the_trace_option(tmp_path):
-    path = sqlite_file(tmp_path / "cpu.sqlite", "CREATE TABLE OTHER(x)")
+    path = sqlite_file(tmp_path / "cpu.sqlite", "CREATE TABLE StringIds(id, value)", "CREATE TABLE OSRT_API(start)")
     with pytest.raises(UserError, match="has no NVTX ranges; profile with --trace including nvtx"):
+        trace.load_trace(path)
+
+
+def test_an_sqlite_file_without_any_nsys_table_is_named_not_an_nsys_export(tmp_path):
+    path = sqlite_file(tmp_path / "cpu.sqlite", "CREATE TABLE OTHER(x)")
+    with pytest.raises(UserError, match=r"is an SQLite database but not an nsys export \(.*it holds OTHER\)"):
         trace.load_trace(path)
 
 
@@ -300,5 +306,5 @@ def test_no_samples_and_no_pieces_give_no_summary_and_empty_helpers_stay_empty()
 def test_a_metrics_file_that_is_not_json_is_one_line(tmp_path):
     path = tmp_path / "metrics.json"
     path.write_bytes(b"\xff\xfe not json")
-    with pytest.raises(UserError, match="is not JSON .*; pass the run's metrics JSON"):
+    with pytest.raises(UserError, match="is not text .*; pass the metrics JSON the run wrote"):
         load_metrics(path)

@@ -4,13 +4,13 @@ The kit's layout (<mode>_<time>/gpu_<N>) names the cell where a report is in one
 run's metrics JSON beside the report, then the file name. page.py fills in a missing count from
 what ran.
 """
-import json
 import re
 from pathlib import Path
 
 from handler.runtime.errors import UserError
 
-from ..nsys import reports_in
+from .metrics_file import read_metrics
+from ..nsys import no_reports, reports_in
 
 KIT_FOLDER = re.compile(r"(?P<mode>[a-z][a-z_]*?)_\d")  # dp_20251001_173345, ddp_dali_20251001_...
 KIT_FILE = re.compile(r"gpu_?(?P<gpus>\d+)", re.I)
@@ -34,8 +34,10 @@ def lab_reports(paths: list[Path]) -> list[dict]:
         else:
             reports += reports_in(path) if path.is_dir() else [path]
     if not reports:
-        raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; pass the kit's "
-                        "nsight_logs folder or the reports themselves")
+        fix = "pass the kit's nsight_logs folder or the reports themselves"
+        if len(paths) == 1 and paths[0].is_dir():
+            raise UserError(no_reports(paths[0], fix))
+        raise UserError(f"no .nsys-rep or .sqlite report in {', '.join(map(str, paths))}; {fix}")
     return [_cell_of(report) for report in reports]
 
 
@@ -61,11 +63,17 @@ def _from_metrics(report: Path) -> dict:
     return {k: v for k, v in found.items() if v}
 
 
-def metrics_beside(report: Path) -> dict:
-    """The run's metrics JSON beside its report; {} without a readable one."""
+def metrics_beside(report: Path, strict: bool = False) -> dict:
+    """The run's metrics JSON beside its report; {} without one. One that cannot be used (damaged,
+    another file's JSON): {} for the cell, which then comes from the file name; with strict, UserError
+    naming it (page.py leaves that report off the page, saying why)."""
     path = report.with_name(report.name.split(".")[0] + ".metrics.json")
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
+    if not path.exists():
         return {}
-    return found if isinstance(found, dict) else {}
+    try:
+        return read_metrics(path, f"it lies beside {report.name} as its run's metrics: fix it, or move it away "
+                                  "to read the report without it")
+    except UserError:
+        if strict:
+            raise
+        return {}

@@ -154,7 +154,7 @@ def build_lab(entries: list[dict], out: Path, convention=None) -> tuple[str, lis
 def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
     """One report's row of the page, and its trace for the figure. UserError when it cannot be read."""
     sqlite = sqlite_export(entry["report"], exports)
-    metrics = entry.get("metrics") or metrics_beside(entry["report"])
+    metrics = entry.get("metrics") or metrics_beside(entry["report"], strict=True)
     trace = load_trace(sqlite, convention)
     summary = summarize(trace)
     ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])

@@ -17,11 +17,11 @@ the summary's `machine` block (docs/PROFILING.md, "What-if"), each fact with whe
 A fact nothing gave is None, and its `_from` says so.
 """
 import re
-import sqlite3
-from contextlib import closing
 from pathlib import Path
 
 from handler.runtime.names import EPOCH, TEST, VALIDATE
+
+from ..nsys import open_export
 
 DATA_WORKER = "pt_data_worker"
 BURST_GAP = 6  # PIDs further apart were not forked in one burst (seen: 1-3 within a burst, 11 and more between)
@@ -49,7 +49,7 @@ def _read(export: Path | None) -> tuple[int | None, dict | None]:
     """(CpuCores or None, {pid: [thread names]} or None without a ThreadNames table)."""
     if export is None:
         return None, None
-    with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
+    with open_export(export) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         cores = None
         if "TARGET_INFO_SYSTEM_ENV" in tables:
@@ -68,7 +68,7 @@ def _passes(export: Path, pids: list) -> int | None:
     """DataLoader passes per rank where the report names them all (our validate/test ranges beside
     the epochs) and every rank made as many; else None. Read only for a report with DataLoader workers."""
     counts = {}
-    with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
+    with open_export(export) as db:
         for text, tid in db.execute("SELECT COALESCE(n.text, s.value), n.globalTid FROM NVTX_EVENTS n "
                                     "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.end IS NOT NULL"):
             kind = 0 if text and EPOCH.match(text) else 1 if text in (VALIDATE, TEST) else None

@@ -237,6 +237,7 @@ def test_an_nsys_rep_nsys_cannot_export_is_left_off_with_no_export_behind(tmp_pa
     write_lab(entries, tmp_path / "lab")
     left_off = {Path(b["report"]).name: b["why"] for b in json.loads((tmp_path / "lab" / "lab.json").read_text())["left_off"]}
     assert "nsys could not read" in left_off["ddp_2gpu.nsys-rep"]
+    assert "it is damaged, cut off, or not from a finished nsys profile run; copy it again" in left_off["ddp_2gpu.nsys-rep"]
     assert "is empty (0 bytes)" in left_off["dp_2gpu.nsys-rep"]
     assert not (tmp_path / "lab" / "exports").exists()
 
