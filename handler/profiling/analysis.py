@@ -16,7 +16,7 @@ from .comm import comm_stats, first_comm_starts, stragglers
 from .conventions import library_of
 from .gpu_metrics import device_map, summarize_metrics
 from .gpu_view import gpu_stats, pipeline_threads
-from .run_facts import run_block
+from .scaling.run_facts import run_block
 from .stats import nesting_parents, percentile as _percentile
 from .trace import Process, Range, Trace
 
@@ -25,7 +25,7 @@ NCCL_RANGE = "nccl"  # NCCL's own NVTX ranges: ncclAllReduce, ncclBroadcast, ncc
 
 
 def summarize(trace: Trace, metrics: dict | None = None, report=None) -> dict:
-    """report: the report's path, the run block's last source for the mode (run_facts.py)."""
+    """report: the report's path, the run block's last source for the mode (scaling/run_facts.py)."""
     ranks = [_rank(p, trace) for p in trace.processes]
     for rank in ranks:  # profiles without host marks: the metrics JSON's env.hosts, if given
         rank["host"] = rank["host"] or ((metrics or {}).get("env") or {}).get("hosts", {}).get(str(rank["rank"]))

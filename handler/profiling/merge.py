@@ -16,7 +16,7 @@ from handler.runtime.errors import UserError
 
 from .analysis import _mean, _overall, _ratio, comm_config, first_comm_per_process, summarize
 from .comm import stragglers
-from .run_facts import run_block
+from .scaling.run_facts import run_block
 from .scaling.machine import machine_of
 from .trace import load_trace
 

@@ -55,7 +55,7 @@ def covered(window: dict | None) -> str:
 
 
 def run_line(run: dict | None) -> list[str]:
-    """The run's own facts, each with where it came from (run_facts.py): a mode read from the file
+    """The run's own facts, each with where it came from (scaling/run_facts.py): a mode read from the file
     name says so here."""
     if not run:
         return []

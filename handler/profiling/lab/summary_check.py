@@ -22,10 +22,14 @@ FIX = ("pass the .summary.json that python -m handler.profiling.report wrote, un
 
 
 @cache
+def schema() -> dict:
+    return json.loads(SCHEMA.read_text())
+
+
+@cache
 def validator() -> Draft202012Validator:
-    schema = json.loads(SCHEMA.read_text())
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+    Draft202012Validator.check_schema(schema())
+    return Draft202012Validator(schema())
 
 
 def check_summary(data, name: str) -> dict:
@@ -47,21 +51,23 @@ def _depth(error: ValidationError) -> int:
 
 def _said(error: ValidationError) -> str:
     """`ranks[0].loop.steps is 'ten', not a whole number >= 0`, or `... is missing; it must be ...`."""
+    failed = error.schema if isinstance(error.schema, dict) else {}
     if error.validator == "required":
-        missing = next(k for k in error.validator_value if k not in error.instance)
-        wanted = _resolved(error.schema.get("properties", {}).get(missing, {}))
+        required = error.validator_value if isinstance(error.validator_value, list) else []
+        missing = next(k for k in required if k not in error.instance)
+        wanted = _resolved(failed.get("properties", {}).get(missing, {}))
         return f"{_path([*error.absolute_path, missing])} is missing; it must be {_what(wanted)}"
     where = _path(list(error.absolute_path)) or "the summary"
-    return f"{where} is {_shown(error.instance)}, not {_what(error.schema)}"
+    return f"{where} is {_shown(error.instance)}, not {_what(failed)}"
 
 
-def _resolved(schema: dict) -> dict:
-    ref = schema.get("$ref", "")
-    return validator().schema["$defs"][ref.rsplit("/", 1)[1]] if ref.startswith("#/$defs/") else schema
+def _resolved(field: dict) -> dict:
+    ref = field.get("$ref", "")
+    return schema()["$defs"].get(ref.rsplit("/", 1)[-1], field) if ref.startswith("#/$defs/") else field
 
 
-def _what(schema) -> str:
-    return schema.get("title") or "as docs/summary.schema.json says" if isinstance(schema, dict) else "allowed"
+def _what(field: dict) -> str:
+    return field.get("title") or "as docs/summary.schema.json says"
 
 
 def _path(parts: list) -> str:

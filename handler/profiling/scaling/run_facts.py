@@ -7,6 +7,8 @@ then the report's file or folder name, last and said so.
 import re
 from pathlib import Path
 
+from ..whatif import GRAD_MB  # the table by model name, for runs from before the metrics recorded it
+
 
 MODES = ("ddp_dali", "ddp", "fsdp", "dp", "pp")  # longest first: ddp_dali_gpu2 is ddp_dali, not ddp
 # a mode's name opening a file or folder name: ours `ddp_gpu2`, the kit's `dp_<time>/`, compare's `dp-n1`
@@ -28,7 +30,8 @@ def run_block(summary: dict, metrics: dict | None = None, report=None) -> dict:
         per_node[g.get("host")] = per_node.get(g.get("host"), 0) + 1
     stages = [r["pipeline"] for r in ranks if r.get("pipeline")]
     micro, pp_from = _microbatches(config, stages)
-    nodes = env.get("nodes") if isinstance(env.get("nodes"), int) and env.get("nodes") >= len(hosts) else len(hosts)
+    recorded = env.get("nodes")
+    nodes = recorded if isinstance(recorded, int) and recorded >= len(hosts) else len(hosts)
     return {"mode": mode, "mode_from": mode_from,
             "model": model, "model_from": "metrics config.model" if model else f"{UNKNOWN} (no metrics JSON with it)",
             "grad_mb": grad, "grad_mb_from": grad_from,
@@ -54,7 +57,6 @@ def _grad_mb(metrics: dict | None, model: str | None) -> tuple[float | None, str
     recorded = ((metrics or {}).get("model") or {}).get("grad_mb")
     if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and recorded > 0:
         return float(recorded), "metrics model.grad_mb (the run counted its trainable parameters)"
-    from .whatif import GRAD_MB  # the table by model name, for runs from before the metrics recorded it
     if model in GRAD_MB:
         return GRAD_MB[model], f"whatif.GRAD_MB of {model} (the run's metrics do not record model.grad_mb)"
     return None, f"{UNKNOWN} (model {model or UNKNOWN}; whatif.GRAD_MB lists {', '.join(GRAD_MB)})"
