@@ -1,5 +1,5 @@
-"""A summary JSON given to the what-if is checked field by field on read: NaN, infinity, a negative
-time or a string where a number belongs is one line naming the field's path and the fix, exit 2;
+"""A summary JSON given to the what-if is checked against docs/summary.schema.json on read: NaN,
+infinity, a negative time or a string where a number belongs is one line naming the field's path and the fix, exit 2;
 --grad-mb takes finite sizes only. Summaries the report writes pass."""
 import copy
 import json

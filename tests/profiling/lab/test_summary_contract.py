@@ -106,7 +106,12 @@ def with_value(summary: dict, path: tuple, value) -> dict:
     return bad
 
 
-DELETE = object()
+class Deleted:
+    def __repr__(self) -> str:
+        return "deleted"
+
+
+DELETE = Deleted()
 # Each: what a reader misused before (a traceback, "-4 CPU cores", "link unbounded", a CPU prediction
 # of a 2-GPU run, "a run stopped inside its first epoch"), now one line naming the field.
 BAD = [
@@ -192,3 +197,15 @@ def test_the_schema_is_named_in_the_profiling_docs_and_describes_every_field():
         return missing
     assert not undescribed(schema, "summary") + [d for name, d in schema["$defs"].items()
                                                   for d in undescribed(d, f"$defs.{name}")]
+
+
+@pytest.mark.parametrize("report, mode", [("nsight_logs/ddp_dali_20251001_173345/gpu_2.nsys-rep", "ddp_dali"),
+                                          ("out/cells/fsdp-n2/fsdp-n2.nsys-rep", "fsdp"),
+                                          ("nsight_logs/ddp_gpu2.nsys-rep", "ddp"), ("a/b/run7.sqlite", None)])
+def test_the_mode_is_read_from_ours_the_kits_and_compares_names_last(report, mode):
+    from handler.profiling.scaling.run_facts import run_block
+    two = {"ranks": [{"host": None}, {"host": None}], "gpus": [{"device": 0}, {"device": 1}]}
+    assert run_block(two, None, report)["mode"] == mode
+    assert run_block(two, {"config": {"mode": "pp"}}, report)["mode_from"] == "metrics config.mode"
+    one = {"ranks": [{"host": None}], "gpus": [{"device": 0}, {"device": 1}]}  # one process drove both: dp
+    assert run_block(one, None, report)["mode_from"] == "report: 1 process drove 2 GPUs"
