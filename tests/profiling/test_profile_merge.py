@@ -109,6 +109,9 @@ def test_report_of_a_folder_writes_one_job_summary_naming_both_hosts(job, tmp_pa
     assert "rank 0 (node1)" in page and "rank 1 (node2)" in page
     summary = json.loads((tmp_path / "77.summary.json").read_text())
     assert sorted(summary["hosts"]) == ["node1", "node2"] and summary["stragglers"]["most_often_last_host"]
+    from handler.profiling.lab.summary_check import check_summary
+    assert check_summary(summary, "77.summary.json")["run"]["nodes"] == 2  # the job's summary keeps the contract
+    assert [g["host"] for g in summary["gpus"]] == ["node1", "node2"]
 
 
 def test_profiled_slurm_job_without_nsys_fails_in_one_line_before_starting(tmp_path):
