@@ -62,7 +62,8 @@ def run_line(run: dict | None) -> list[str]:
     pp = (f"; pp: {run['pp_stages']} stages, {run['pp_microbatches'] or '?'} micro-batches ({run['pp_from']})"
           if run.get("pp_stages") else "")
     return [f"Run: mode {run['mode'] or '?'} ({run['mode_from']}); model {run['model'] or '?'} ({run['model_from']}); "
-            f"gradients {num(run['grad_mb'])} MB ({run['grad_mb_from']}); {run['nodes']} node(s), "
+            f"gradients {num(run['grad_mb']) + ' MB' if run['grad_mb'] else '?'} ({run['grad_mb_from']}); "
+            f"{run['nodes']} node(s), "
             f"{run['gpus_per_node']} GPU(s) per node, {run['processes']} process(es){pp}.", ""]
 
 

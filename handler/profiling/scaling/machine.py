@@ -45,8 +45,8 @@ def machine_of(export: Path | None, ranks: list[dict], metrics: dict | None = No
         workers, workers_from = _workers(export, threads, [r.get("pid") for r in ranks])
     rank_cores = env.get("cpu_cores") if isinstance(env.get("cpu_cores"), int) and env["cpu_cores"] >= 1 else None
     return {"cpu_cores": cores, "cpu_cores_from": cores_from, "rank_cores": rank_cores,
-            "rank_cores_from": "metrics env.cpu_cores (the ranks' CPU affinity)" if rank_cores else
-            UNKNOWN + " (the run's metrics JSON records the ranks' CPU affinity as env.cpu_cores)",
+            "rank_cores_from": "metrics env.cpu_cores: the ranks' CPU affinity" if rank_cores else
+            UNKNOWN + ": the run's metrics JSON records the ranks' CPU affinity as env.cpu_cores",
             "loader_workers": workers,
             "loader_workers_from": workers_from, "threads_per_rank": env.get("torch_threads"),
             "threads_per_rank_from": "metrics env.torch_threads" if env.get("torch_threads") else UNKNOWN}

@@ -33,7 +33,7 @@ def run_block(summary: dict, metrics: dict | None = None, report=None) -> dict:
     recorded = env.get("nodes")
     nodes = recorded if isinstance(recorded, int) and recorded >= len(hosts) else len(hosts)
     return {"mode": mode, "mode_from": mode_from,
-            "model": model, "model_from": "metrics config.model" if model else f"{UNKNOWN} (no metrics JSON with it)",
+            "model": model, "model_from": "metrics config.model" if model else f"{UNKNOWN}: no metrics JSON with config.model",
             "grad_mb": grad, "grad_mb_from": grad_from,
             "nodes": max(1, nodes), "gpus_per_node": max(per_node.values(), default=0), "processes": len(ranks),
             "pp_stages": len(stages) or None, "pp_microbatches": micro, "pp_from": pp_from}
@@ -49,17 +49,17 @@ def _mode(config: dict, ranks: list, gpus: list, report) -> tuple[str | None, st
     for path in ([report] if isinstance(report, (str, Path)) else report or []):
         for part in reversed(Path(path).parts[-2:]):
             if found := NAMED.match(part):
-                return found.group(1), f"file name {Path(path).name} (the report cannot tell ddp, ddp_dali and fsdp apart)"
-    return None, f"{UNKNOWN} (no metrics JSON, nothing in the report or its name says it)"
+                return found.group(1), f"file name {Path(path).name}: the report alone cannot tell ddp, ddp_dali and fsdp apart"
+    return None, f"{UNKNOWN}: no metrics JSON, and neither the report nor its name says it"
 
 
 def _grad_mb(metrics: dict | None, model: str | None) -> tuple[float | None, str]:
     recorded = ((metrics or {}).get("model") or {}).get("grad_mb")
     if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and recorded > 0:
-        return float(recorded), "metrics model.grad_mb (the run counted its trainable parameters)"
+        return float(recorded), "metrics model.grad_mb: the run counted its trainable parameters"
     if model in GRAD_MB:
-        return GRAD_MB[model], f"whatif.GRAD_MB of {model} (the run's metrics do not record model.grad_mb)"
-    return None, f"{UNKNOWN} (model {model or UNKNOWN}; whatif.GRAD_MB lists {', '.join(GRAD_MB)})"
+        return GRAD_MB[model], f"whatif.GRAD_MB of {model}: the run's metrics do not record model.grad_mb"
+    return None, f"{UNKNOWN}: model {model or UNKNOWN}, and whatif.GRAD_MB lists {', '.join(GRAD_MB)}"
 
 
 def _microbatches(config: dict, stages: list[dict]) -> tuple[int | None, str | None]:

@@ -53,7 +53,7 @@ def test_the_metrics_json_comes_before_the_name_for_mode_model_gradients_nodes_a
     run, machine = summary["run"], summary["machine"]
     assert (run["mode"], run["mode_from"]) == ("fsdp", "metrics config.mode")
     assert (run["model"], run["grad_mb"]) == ("resnet20", 1.2345) and run["grad_mb_from"].startswith("metrics model.grad_mb")
-    assert machine["rank_cores"] == 3 and machine["rank_cores_from"] == "metrics env.cpu_cores (the ranks' CPU affinity)"
+    assert machine["rank_cores"] == 3 and machine["rank_cores_from"] == "metrics env.cpu_cores: the ranks' CPU affinity"
     del metrics["model"]  # a run from before the metrics recorded its gradients: the table by model name
     again = written(tmp_path, CPU_RUN, "ddp_gpu1.sqlite", metrics)["run"]
     assert again["grad_mb"] == GRAD_MB["resnet20"] and again["grad_mb_from"].startswith("whatif.GRAD_MB of resnet20")
