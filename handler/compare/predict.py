@@ -11,6 +11,7 @@ from ..profiling.scaling.scale import cpu_factors
 from ..profiling.scaling.step import split_of
 from ..profiling.whatif import ASSUMPTIONS, predictions
 from ..profiling.whatif import gradient_mb as whatif_gradient_mb
+from ..profiling.lab.summary_check import check_summary
 from ..runtime.errors import UserError
 
 
@@ -35,6 +36,7 @@ def add_predictions(rows, outcomes) -> None:
         base, outcome = done[0], by_name[done[0].name]
         others = {k: v for k, v in splits.items() if k != label}
         try:
+            check_summary(outcome.profile, f"{base.name}'s profile summary")
             found = predictions(outcome.profile, [r.count for r in done], grad_mb=gradient_mb(outcome.metrics),
                                 mode="dp" if base.mode == "dp" else None, factors=cpu_factors(others, base.count))
         except UserError as err:
@@ -59,7 +61,7 @@ def _cpu_splits(rows, by_name) -> dict:
         if not profile or row.mode in ("dp", "pp"):
             continue
         try:
-            split = split_of(profile)
+            split = split_of(check_summary(profile, f"{row.name}'s profile summary"))
         except UserError:
             continue
         if not split.gpu:

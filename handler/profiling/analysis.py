@@ -16,6 +16,7 @@ from .comm import comm_stats, first_comm_starts, stragglers
 from .conventions import library_of
 from .gpu_metrics import device_map, summarize_metrics
 from .gpu_view import gpu_stats, pipeline_threads
+from .scaling.run_facts import run_block
 from .stats import nesting_parents, percentile as _percentile
 from .trace import Process, Range, Trace
 
@@ -23,7 +24,8 @@ GPU_PHASES = (*PHASES, DATA_GPU)
 NCCL_RANGE = "nccl"  # NCCL's own NVTX ranges: ncclAllReduce, ncclBroadcast, ncclReduce, ...  # the GPU view adds the input pipeline's own GPU work
 
 
-def summarize(trace: Trace, metrics: dict | None = None) -> dict:
+def summarize(trace: Trace, metrics: dict | None = None, report=None) -> dict:
+    """report: the report's path, the run block's last source for the mode (scaling/run_facts.py)."""
     ranks = [_rank(p, trace) for p in trace.processes]
     for rank in ranks:  # profiles without host marks: the metrics JSON's env.hosts, if given
         rank["host"] = rank["host"] or ((metrics or {}).get("env") or {}).get("hosts", {}).get(str(rank["rank"]))
@@ -39,6 +41,7 @@ def summarize(trace: Trace, metrics: dict | None = None) -> dict:
     summary["convention"] = trace.convention
     summary["gpus"] = gpu_table(trace)
     summary["incomplete"] = incomplete(ranks)
+    summary["run"] = run_block(summary, metrics, report)
     return summary
 
 

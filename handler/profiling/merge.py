@@ -15,6 +15,7 @@ from handler.runtime.errors import UserError
 from .analysis import _mean, _overall, _ratio, comm_config, first_comm_per_process, summarize
 from .comm import stragglers
 from .nsys import open_export
+from .scaling.run_facts import run_block
 from .scaling.machine import machine_of
 from .trace import load_trace
 
@@ -36,7 +37,7 @@ def clock_offset(export: Path) -> tuple[int, str]:
 def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
     """exports: (report name, its SQLite export) per node. The job's summary: every rank with its
     host, per-host epoch, step and communication numbers, stragglers across hosts on one clock."""
-    ranks, arrivals, reports, sources, gpu_trace = [], {}, [], set(), False
+    ranks, arrivals, reports, sources, gpu_trace, gpus = [], {}, [], set(), False, []
     for name, export in exports:
         trace = load_trace(export)
         summary = summarize(trace, metrics)
@@ -55,6 +56,9 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
                         "ranks": [r["rank"] for r in summary["ranks"]], "clock_offset_ns": offset,
                         "session_start_utc": started, "machine": machine_of(export, summary["ranks"], metrics)})
         sources.add(summary["rank_source"])
+        hosts = {r["host"] for r in summary["ranks"]}
+        host = hosts.pop() if len(hosts) == 1 else None  # a node's GPUs are its report's: one host
+        gpus += [{**g, "host": host} for g in summary["gpus"] or ()]
         gpu_trace = gpu_trace or summary["gpu_trace"]
     ranks.sort(key=lambda r: r["rank"])
     host_of = {r["rank"]: r["host"] for r in ranks}
@@ -62,18 +66,21 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
     if late:
         late["last_host_counts"] = _by_host(late["last_rank_counts"], host_of)
         late["most_often_last_host"] = host_of[late["most_often_last"]]
-    return {"schema": 1, "job": True, "reports": reports, "rank_source": " + ".join(sorted(sources)),
-            "gpu_trace": gpu_trace, "ranks": ranks, "overall": _overall(ranks), "hosts": host_table(ranks),
-            "machine": job_machine([r["machine"] for r in reports]),
-            "stragglers": late, "gpu_metrics_mapping": None, "metrics_comparison": None,
-            "comm_config": comm_config(metrics)}
+    job = {"schema": 1, "job": True, "reports": reports, "rank_source": " + ".join(sorted(sources)),
+           "gpu_trace": gpu_trace, "ranks": ranks, "overall": _overall(ranks), "hosts": host_table(ranks),
+           "machine": job_machine([r["machine"] for r in reports]),
+           "stragglers": late, "gpu_metrics_mapping": None, "metrics_comparison": None,
+           "comm_config": comm_config(metrics), "model": ((metrics or {}).get("config") or {}).get("model"),
+           "gpus": gpus or None}
+    job["run"] = run_block(job, metrics, [name for name, _ in exports])
+    return job
 
 
 def job_machine(machines: list[dict]) -> dict:
     """The job's machine block: each fact as every node's report read it, or, where the nodes differ,
     the one that holds the job back (the fewest cores, loader workers or threads), saying so."""
     job = dict(machines[0])
-    for fact in ("cpu_cores", "loader_workers", "threads_per_rank"):
+    for fact in ("cpu_cores", "rank_cores", "loader_workers", "threads_per_rank"):
         values = [m[fact] for m in machines]
         if len(set(values)) > 1:
             known = [v for v in values if v is not None]

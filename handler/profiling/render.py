@@ -54,6 +54,19 @@ def covered(window: dict | None) -> str:
     return span + (f" of {total}" if total else "")
 
 
+def run_line(run: dict | None) -> list[str]:
+    """The run's own facts, each with where it came from (scaling/run_facts.py): a mode read from the file
+    name says so here."""
+    if not run:
+        return []
+    pp = (f"; pp: {run['pp_stages']} stages, {run['pp_microbatches'] or '?'} micro-batches ({run['pp_from']})"
+          if run.get("pp_stages") else "")
+    return [f"Run: mode {run['mode'] or '?'} ({run['mode_from']}); model {run['model'] or '?'} ({run['model_from']}); "
+            f"gradients {num(run['grad_mb']) + ' MB' if run['grad_mb'] else '?'} ({run['grad_mb_from']}); "
+            f"{run['nodes']} node(s), "
+            f"{run['gpus_per_node']} GPU(s) per node, {run['processes']} process(es){pp}.", ""]
+
+
 def markdown(summary: dict, title: str) -> str:
     ranks = summary["ranks"]
     trace = "GPU trace (CUDA activity recorded)" if summary["gpu_trace"] else "CPU-only trace (no CUDA activity)"
@@ -61,7 +74,7 @@ def markdown(summary: dict, title: str) -> str:
     lines = [f"# Profile: {title}", "",
              f"{len(ranks)} rank(s), ranks from {summary['rank_source']}; {trace}; "
              f"ranges read by the {convention} naming convention (docs/PROFILING.md).", "",
-             f"`{one_line(summary)}`", ""]
+             f"`{one_line(summary)}`", "", *run_line(summary.get("run"))]
     window = summary.get("capture_window") or {}
     outside = ", ".join(f"{o['epoch']}: {num(o['metrics_s'])} s" for o in window.get("outside") or [])
     numbering = "Epochs count from 0, as NVTX and --profile-epochs do; the console's epoch line shows N+1."

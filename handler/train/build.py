@@ -29,7 +29,7 @@ from .capture import Capture, describe
 from .checkpoint import ModelState, load_checkpoint, set_rng_state
 from .config import Config
 from .loop import Step, evaluate
-from .metrics import MetricsFile, environment
+from .metrics import MetricsFile, environment, model_facts
 from .model_options import checkpoint_stages
 from .optimizer import build_sgd, settle
 from .strategy import Strategy
@@ -88,6 +88,7 @@ def build_run(cfg, strategy: Strategy) -> Run:
     for line in splits.notes:  # the data's warnings, and a hold-out --valid-size did not choose
         rank0.say(cfg, line, err=True)
     raw = _model(cfg, len(splits.classes), device)
+    counted = model_facts(raw)  # before wrapping: FSDP shards the parameters, pp keeps a stage
     # Wrap first: FSDP replaces the parameters with shards, and the optimizer (and any
     # restored state) must see the ones that train. DDP and DP keep the same tensors.
     model = strategy.wrap(raw)
@@ -108,7 +109,7 @@ def build_run(cfg, strategy: Strategy) -> Run:
     nvtx_mark(HOST(hosts[cfg.rank]))  # the profile report names each rank's host
     last_epoch = min(cfg.epochs, start_epoch + cfg.stop_after) if cfg.stop_after else cfg.epochs
     metrics = _metrics(cfg, strategy, model, capture, notes, hosts, history, range(start_epoch, last_epoch),
-                       len(loaders.train), splits.left_out)
+                       len(loaders.train), splits.left_out, counted)
     return Run(cfg=cfg, device=device, raw=raw, step=step, state=strategy.state, loaders=loaders,
                evaluate=_evaluator(cfg, strategy, raw, step, device), capture=capture, metrics=metrics,
                start_epoch=start_epoch, start_step=start_step, last_epoch=last_epoch, started=started,
@@ -172,7 +173,7 @@ def _fallbacks(cfg, device: torch.device, optimizer_note: Optional[str]) -> tupl
 
 
 def _metrics(cfg, strategy: Strategy, model, capture: Capture, notes: tuple, hosts: dict, history: list,
-             epochs: range, steps: int, left_out: dict) -> Optional[MetricsFile]:
+             epochs: range, steps: int, left_out: dict, counted: dict) -> Optional[MetricsFile]:
     """Fit the capture window to the epochs this run trains, open rank 0's metrics file and
     say what runs (every rank must call it: its capture window is shared)."""
     capture.marks = (RANK(cfg.rank), HOST(hosts[cfg.rank]))
@@ -184,7 +185,7 @@ def _metrics(cfg, strategy: Strategy, model, capture: Capture, notes: tuple, hos
     env = {**environment(cfg, notes, hosts), "left_out": left_out or None,
            "profiled_epochs": capture.epochs(epochs.start, epochs.stop) if profiled else None,
            **(strategy.record(model) if strategy.record else {})}
-    metrics = MetricsFile(cfg, env, history) if cfg.is_main else None
+    metrics = MetricsFile(cfg, env, history, counted) if cfg.is_main else None
     rank0.say(cfg, f"{cfg.mode}: {cfg.world_size} process(es) on {cfg.device if cfg.world_size == 1 else cfg.backend}, "
                    f"{cfg.model}, global batch {cfg.batch_size} ({cfg.local_batch} per process), "
                    f"{steps} steps/epoch, dataset {cfg.dataset}"

@@ -34,6 +34,13 @@ def cpu_cores() -> int | None:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def model_facts(model: torch.nn.Module) -> dict:
+    """The whole model's trainable parameters and the MB of fp32 gradients a step all-reduces
+    (4 bytes each, MB of 10^6): the what-if's payload (docs/PROFILING.md, the summary's `run`)."""
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"trainable_params": params, "grad_mb": params * 4 / 1e6}
+
+
 DALI_WHEELS = ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110")
 
 
@@ -51,9 +58,9 @@ def dali_version():
 
 
 class MetricsFile:
-    def __init__(self, cfg, env: dict, history=()):
+    def __init__(self, cfg, env: dict, history=(), model: dict | None = None):
         self.path = cfg.metrics
-        self.data = {"schema": 1, "config": cfg.as_dict(), "env": env,
+        self.data = {"schema": 1, "config": cfg.as_dict(), "env": env, "model": model,
                      "epochs": list(history), "test": None, "total_time_s": None}
 
     def add_epoch(self, record: dict) -> None:

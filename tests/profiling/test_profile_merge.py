@@ -109,6 +109,9 @@ def test_report_of_a_folder_writes_one_job_summary_naming_both_hosts(job, tmp_pa
     assert "rank 0 (node1)" in page and "rank 1 (node2)" in page
     summary = json.loads((tmp_path / "77.summary.json").read_text())
     assert sorted(summary["hosts"]) == ["node1", "node2"] and summary["stragglers"]["most_often_last_host"]
+    from handler.profiling.lab.summary_check import check_summary
+    assert check_summary(summary, "77.summary.json")["run"]["nodes"] == 2  # the job's summary keeps the contract
+    assert [g["host"] for g in summary["gpus"]] == ["node1", "node2"]
 
 
 def test_profiled_slurm_job_without_nsys_fails_in_one_line_before_starting(tmp_path):
@@ -122,3 +125,21 @@ def test_profiled_slurm_job_without_nsys_fails_in_one_line_before_starting(tmp_p
     assert run.returncode == 2
     assert run.stderr.strip() == ("train.sbatch: PROFILE=1 but nsys is not on PATH; install it on every node "
                                   "(scripts/install_nsys.sh) or run with PROFILE=0")
+
+
+def test_a_two_node_job_keeps_every_nodes_gpus_with_its_host_its_model_and_run_and_is_a_valid_summary(job, tmp_path):
+    """Before, a merged job's summary had no `gpus` and no model: its what-if predicted a CPU run."""
+    from handler.profiling.lab.summary_check import check_summary
+    from handler.profiling.whatif import predictions
+    _, _, reports = job
+    metrics = {"config": {"mode": "ddp", "model": "resnet18", "comm_hook": "fp16"}, "model": {"grad_mb": 44.696},
+               "env": {"nodes": 2, "cpu_cores": 6, "hosts": {"0": "node1", "1": "node2"}}}
+    merged = merge([("77_node1.sqlite", reports / "77_node1.sqlite"), ("77_node2.sqlite", reports / "77_node2.sqlite")],
+                   metrics)
+    assert [(g["host"], g["device"]) for g in merged["gpus"]] == [("node1", 0), ("node2", 1)]
+    assert merged["model"] == "resnet18" and merged["comm_config"]["hook"] == "fp16"
+    run = merged["run"]
+    assert (run["mode"], run["nodes"], run["gpus_per_node"], run["processes"], run["grad_mb"]) == ("ddp", 2, 1, 2, 44.696)
+    assert merged["machine"]["cpu_cores"] == 18 and merged["machine"]["rank_cores"] == 6
+    found = predictions(check_summary(json.loads(json.dumps(merged)), "77.summary.json"), (2, 4))
+    assert found["split"].gpu and found["split"].devices == 2

@@ -5,6 +5,9 @@ Runs across real hosts are in tests/tools/test_cluster.py; these cover one host 
 import json
 import socket
 
+import pytest
+
+from handler.profiling.whatif import GRAD_MB
 from tests.conftest import read_metrics
 from tests.profiling.test_profile_report import fake_export, one_epoch, run_report, summarize_export
 
@@ -14,6 +17,18 @@ def test_a_one_host_run_records_every_rank_on_this_host_and_one_node(two_epoch_r
     env = read_metrics(folder / "metrics.json")["env"]
     assert env["hosts"] == {"0": socket.gethostname(), "1": socket.gethostname()}
     assert env["nodes"] == 1
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_run_records_its_whole_models_gradient_mb_in_its_metrics(two_epoch_run, mode):
+    """fsdp too: counted before wrapping, where its parameters are still whole, not shards."""
+    from models import build_model
+    _, folder = two_epoch_run(mode)
+    m = read_metrics(folder / "metrics.json")
+    model = build_model(m["config"]["model"], num_classes=10)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert m["model"] == {"trainable_params": params, "grad_mb": params * 4 / 1e6}
+    assert GRAD_MB.get(m["config"]["model"], m["model"]["grad_mb"]) == pytest.approx(m["model"]["grad_mb"], abs=1e-3)
 
 
 def two_ranks(host_marks: bool):

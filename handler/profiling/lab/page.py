@@ -26,6 +26,7 @@ from ..scaling.links import hook_of
 from ..scaling.machine import machine_of
 from ..scaling.step import bound_of, own_terms, split_of, step_of
 from ..whatif import lab_section
+from .summary_check import check_summary
 from .cells import metrics_beside
 
 BOUND_RULE = ("The bound is what remains of one epoch with a loader that keeps up: the wait for data removed "
@@ -170,6 +171,7 @@ def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
                      for r in summary["ranks"]],
            "gpu_table": summary["gpus"], "verdict": verdict(summary),
            "machine": machine_of(sqlite, summary["ranks"], metrics), "comm_config": hook_of(metrics)}
+    check_summary({**summary, "machine": row["machine"]}, str(entry["report"]))  # the contract the what-if reads
     return row, trace
 
 

@@ -13,6 +13,9 @@ the summary's `machine` block (docs/PROFILING.md, "What-if"), each fact with whe
   workers = size / ranks; where the report names its passes (our `validate` and `test` ranges
   beside the epochs), the bursts must also number the passes. Anything else: None, saying so.
   0 means the loader runs in the rank.
+- rank_cores: the cores the ranks could run on (the metrics' env.cpu_cores: rank 0's CPU affinity,
+  which a container, taskset or Slurm's cgroup narrows below the host's cpu_cores); readers use it
+  where recorded, else cpu_cores. A report alone does not record a process's affinity.
 - threads_per_rank: the metrics' env.torch_threads (each rank sets the same count).
 A fact nothing gave is None, and its `_from` says so.
 """
@@ -40,7 +43,11 @@ def machine_of(export: Path | None, ranks: list[dict], metrics: dict | None = No
         workers, workers_from = float(config["workers"]), "metrics config.workers"
     else:
         workers, workers_from = _workers(export, threads, [r.get("pid") for r in ranks])
-    return {"cpu_cores": cores, "cpu_cores_from": cores_from, "loader_workers": workers,
+    rank_cores = env.get("cpu_cores") if isinstance(env.get("cpu_cores"), int) and env["cpu_cores"] >= 1 else None
+    return {"cpu_cores": cores, "cpu_cores_from": cores_from, "rank_cores": rank_cores,
+            "rank_cores_from": "metrics env.cpu_cores: the ranks' CPU affinity" if rank_cores else
+            UNKNOWN + ": the run's metrics JSON records the ranks' CPU affinity as env.cpu_cores",
+            "loader_workers": workers,
             "loader_workers_from": workers_from, "threads_per_rank": env.get("torch_threads"),
             "threads_per_rank_from": "metrics env.torch_threads" if env.get("torch_threads") else UNKNOWN}
 

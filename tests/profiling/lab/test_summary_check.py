@@ -1,5 +1,5 @@
-"""A summary JSON given to the what-if is checked field by field on read: NaN, infinity, a negative
-time or a string where a number belongs is one line naming the field's path and the fix, exit 2;
+"""A summary JSON given to the what-if is checked against docs/summary.schema.json on read: NaN,
+infinity, a negative time or a string where a number belongs is one line naming the field's path and the fix, exit 2;
 --grad-mb takes finite sizes only. Summaries the report writes pass."""
 import copy
 import json
@@ -39,6 +39,7 @@ def set_at(summary: dict, path: tuple, value) -> dict:
     return bad
 
 
+GPU = {"kernel_busy_share": 0.6, "compute_busy_share": 0.5, "epochs_s": 1.0, "nccl_kernel_s": 0.1}
 CASES = [
     (("ranks", 0, "loop", "steps"), "ten", "ranks[0].loop.steps is 'ten', not a whole number >= 0"),
     (("ranks", 0, "loop", "epochs_s"), float("nan"), "ranks[0].loop.epochs_s is nan, not a finite number"),
@@ -46,8 +47,8 @@ CASES = [
     (("ranks", 0, "loop", "between_steps_ms"), -120.0, "ranks[0].loop.between_steps_ms is -120.0, not a time >= 0"),
     (("ranks", 0, "epochs", 0, "time_s"), "7.6", "ranks[0].epochs[0].time_s is '7.6', not a time >= 0"),
     (("ranks", 0, "loop", "phase_ms", "data"), -1.0, "ranks[0].loop.phase_ms.data is -1.0, not a time >= 0 or null"),
-    (("gpus",), [{"compute_busy_share": "busy", "epochs_s": 1.0}], "gpus[0].compute_busy_share is 'busy'"),
-    (("gpus",), [{"compute_busy_share": 0.5}], "gpus[0].epochs_s is missing"),
+    (("gpus",), [{**GPU, "compute_busy_share": "busy"}], "gpus[0].compute_busy_share is 'busy'"),
+    (("gpus",), [{k: v for k, v in GPU.items() if k != "epochs_s"}], "gpus[0].epochs_s is missing"),
     (("ranks", 0, "loop"), [], "ranks[0].loop is [], not an object"),
 ]
 
