@@ -12,7 +12,7 @@ from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHAS
 
 from .bubble import pipeline_stats
 from .devices import gpu_table
-from .epochs import contract, of_ranks
+from .scaling.epochs import contract, of_ranks
 from .comm import comm_stats, first_comm_starts, stragglers
 from .conventions import library_of
 from .gpu_metrics import device_map, summarize_metrics

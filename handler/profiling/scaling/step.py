@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from handler.runtime.errors import UserError
 from handler.runtime.names import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER
 
-from ..epochs import of_summary
+from .epochs import of_summary
 
 GPU_BOUND = 0.8  # a GPU busy this share of the host's work inside the step: that work is the wait for it
 # What bounds a step, in the words the verdict and the what-if both print (docs/PROFILING.md).

@@ -1,7 +1,7 @@
 """A run's epoch time: the one definition every page uses (docs/PROFILING.md, "The measured epoch").
 
 The summary's `measured_epoch` (analysis.py), the lab page's cells, handler.compare's measured
-cells and the what-if's base (scaling/step.py) all come from `measured_epoch`. With several
+cells and the what-if's base (step.py) all come from `of_times` here. With several
 complete epochs the first pays for start-up (allocator growth, worker start, DALI's prefetch) and is
 left out; the median of the rest is robust to one disturbed epoch. Where the epochs used spread
 more than NOISY_SHARE of that median, the base is named noisy, and how far a prediction made from
@@ -12,7 +12,7 @@ from statistics import median
 NOISY_SHARE = 0.10  # (slowest - fastest) / median of the epochs used, above which a measured epoch is noisy
 RULE = ("The measured epoch is the median of the complete epochs after the first (the first, the warm-up, is left "
         "out), or the only one; its spread is (slowest - fastest) / median over the epochs used, and above "
-        f"{NOISY_SHARE * 100:.0f} % the epoch is named noisy (handler/profiling/epochs.py).")
+        f"{NOISY_SHARE * 100:.0f} % the epoch is named noisy (handler/profiling/scaling/epochs.py).")
 
 
 def of_times(times: list[tuple[int, float]]) -> dict:
