@@ -30,7 +30,7 @@ def of_times(times: list[tuple[int, float]]) -> dict:
 def of_ranks(ranks: list[dict]) -> dict:
     """The measured epoch of a summary's ranks: each epoch as long as its slowest rank (the ranks step
     together), over the epochs every rank with epochs completed."""
-    timed = [{e["epoch"]: e["time_s"] for e in r.get("epochs") or ()} for r in ranks]
+    timed = [{e.get("epoch", i): e.get("time_s") or 0.0 for i, e in enumerate(r.get("epochs") or ())} for r in ranks]
     timed = [t for t in timed if t]
     common = set.intersection(*(set(t) for t in timed)) if timed else set()
     return of_times([(e, max(t[e] for t in timed)) for e in common])
