@@ -15,6 +15,7 @@ from typing import Optional
 from ..profiling.analysis import GPU_PHASES
 from ..profiling.scaling.epochs import of_metrics, of_summary
 from ..runtime.names import DATA, PHASES
+from .provenance import dataset_identity
 
 SHARES = (*GPU_PHASES, "other")  # data_gpu: the input pipeline's own GPU work (DALI, nvJPEG)
 
@@ -161,7 +162,7 @@ def dataset_description(outcomes) -> str:
             name = (f"synthetic (generated, {cfg.get('synthetic_train')} train / "
                     f"{cfg.get('synthetic_test')} test images; NOT CIFAR-10)")
         elif name == "cifar10":
-            name = "cifar10 (real CIFAR-10)"
+            name = f"cifar10: {dataset_identity(cfg.get('data'))}"
         if name not in seen:
             seen.append(name)
     return "; ".join(seen) or "unknown (no cell wrote metrics)"
