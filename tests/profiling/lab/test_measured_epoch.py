@@ -38,7 +38,7 @@ def summary(epoch_times: list[float], steps_per_epoch: int = 10, inside_share: f
             "phase_ms": {"data": mean_ms * inside_share * data_share, "forward": mean_ms * 0.3, "backward": mean_ms * 0.4}}
     gpus = [] if busy_share is None else [{"device": 0, "compute_busy_share": busy_share, "kernel_busy_share": busy_share,
                                            "epochs_s": epochs_s, "memcpy": {}, "metrics": {}}]
-    return {"schema": 1, "report": "nsight_logs/ddp_20261129_070000/gpu_1.nsys-rep", "overall": {"epoch_mean_s": None},
+    return {"schema": 1, "report": "nsight_logs/ddp_20261129_070000/gpu_1.nsys-rep", "overall": {"epoch_mean_s": None, "phase_shares": {}},
             "gpus": gpus, "ranks": [{"rank": 0, "epochs": [{"epoch": e, "time_s": t} for e, t in enumerate(epoch_times)],
                                      "loop": loop, "comm": {"seconds": epochs_s * exposed_share * 2,
                                                             "exposed_s": epochs_s * exposed_share, "buckets": 2}}]}
@@ -169,3 +169,26 @@ def test_compares_report_and_its_lab_page_print_the_same_cells_and_both_name_a_n
     assert predicted[3] == on_lab[2]  # how far it could move: the base (x1) had a disturbed epoch
     assert "NOISY" in report and "NOISY" in page and reports[1]["measured_epoch"]["noisy"]
     assert not reports[2]["measured_epoch"]["noisy"] and "epochs 1-2, spread 4 %" in page
+
+
+@pytest.mark.parametrize("times, noisy", [(NOISY, True), (QUIET, False)])
+def test_the_lab_pages_what_if_and_compares_report_name_the_noisy_base_and_only_it(tmp_path, times, noisy):
+    from handler.profiling.lab.page import summary_row
+    from handler.profiling.whatif import lab_section
+    one, two = summary(times), summary([12.0, 6.0, 6.0, 6.0])
+    rows = [summary_row(s, {"report": s["report"], "mode": "ddp", "gpus": n}, {}, None) for n, s in ((1, one), (2, two))]
+    section = "\n".join(lab_section(rows))
+    outcomes = [Outcome(Cell(Variant("ddp", "ddp"), n), "ok", 0, profile=s, folder=f"cells/ddp-n{n}",
+                        metrics={"config": {}, "epochs": [{"epoch": 0, "time_s": 1.0, "images_per_s": 1.0, "data_wait_s": 0.0}]})
+                for n, s in ((1, one), (2, two))]
+    found = build_rows(outcomes)
+    add_predictions(found, outcomes)
+    write_report(tmp_path, found, {}, {"date": "", "command": "", "code": "", "hardware": {
+        "cpu": "", "cores": 2, "memory_gib": 1.0, "gpus": []}, "versions": {
+        "python": "", "torch": "", "torchvision": "", "dali": None, "nsys": None}}, {}, "synthetic", True)
+    report = (tmp_path / "report.md").read_text()
+    spread = "spread 60 %" if noisy else "spread 2 %"
+    assert f"its measured epoch 10 s: the median of epochs 1-3, {spread}" in section and spread in report
+    assert ("NOISY" in section and "| could move s |" in section) is noisy
+    assert ("NOISY" in report and "could move s" in report) is noisy
+    assert rows[0]["measured_epoch"]["noisy"] is noisy and not rows[1]["measured_epoch"]["noisy"]
