@@ -41,13 +41,17 @@ def add_predictions(rows, outcomes) -> None:
     for row in rows:
         row.measured_epoch_s = row.epoch_s
     problem, by_label = folder_predictions(lab_rows(rows, outcomes), (*COUNTS, *(r.count for r in rows)))
+    if problem:  # the machine could not be read from the profiles: every cell says so, none is predicted
+        for row in rows:
+            row.predicted_from = f"no prediction ({problem})" if row.epoch_s else ""
+        return
     for label, got in by_label.items():
         base = got["base"]
         name = f"{label} x{base['gpus']}"
         others = [r for r in rows if r.label == label and r.epoch_s and r.count != base["gpus"]]
-        if got["found"] is None or problem:
+        if got["found"] is None:
             for row in others:
-                row.predicted_from = f"{name}: no prediction ({problem or got['why']})"
+                row.predicted_from = f"{name}: no prediction ({got['why']})"
             continue
         cells = {c["count"]: c for c in got["found"]["cells"]}
         measured = got["found"]["split"].measured or {}
