@@ -19,6 +19,7 @@ from handler.runtime.errors import UserError, one_line_errors
 from handler.runtime.names import EPOCH
 
 from .analysis import incomplete, summarize
+from .scaling.epochs import contract, of_ranks
 from .scaling.machine import machine_of
 from .merge import markdown_lines as merge_lines
 from .merge import merge
@@ -119,6 +120,7 @@ def main(argv=None) -> None:
     else:
         analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
         analysis["incomplete"] = incomplete(analysis["ranks"])
+        analysis["measured_epoch"] = contract(of_ranks(analysis["ranks"]))  # as summarize's (scaling/epochs.py)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
         name = job_name(reports)
         title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)
