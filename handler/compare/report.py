@@ -56,7 +56,8 @@ def markdown(rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled
     lines = [f"# Mode comparison: {title}", "",
              f"Epoch time is the measured epoch, as the lab page's: {EPOCH_RULE} A profiled cell's comes from its "
              "nsys epoch ranges, another's from its metrics JSON's epoch timer (`epochs used` says which). "
-             "images/s is the metrics' median over the epochs after the first (or the only epoch). Speed-up is against the same variant's smallest process count; efficiency is speed-up "
+             "images/s is the metrics' median over the epochs after the first (or the only epoch). "
+             "Speed-up is against the same variant's smallest process count; efficiency is speed-up "
              "÷ ideal. Data wait is the share of epoch time spent waiting for the loader (metrics JSON). "
              "Phase shares are of training-batch time from the nsys NVTX ranges (docs/PROFILING.md), "
              "pooled over ranks; `other` is batch time no phase covers.", "",

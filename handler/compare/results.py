@@ -4,8 +4,8 @@ Epoch time is the measured epoch (handler/profiling/scaling/epochs.py, the one d
 lab page and the what-if use too): the median of the epochs after the first (the first pays for
 start-up: allocator growth, worker start, DALI prefetch), or the only epoch when there is one;
 from the nsys epoch ranges of a profiled cell (as its lab page reads them), else the metrics
-JSON's epoch timer. images/s is the metrics' median over the epochs after the first. Speed-up is against the
-same variant's smallest count that finished.
+JSON's epoch timer. images/s is the metrics' median over the epochs after the first. Speed-up
+is against the same variant's smallest count that finished.
 """
 import dataclasses
 from dataclasses import dataclass

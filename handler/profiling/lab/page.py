@@ -22,8 +22,7 @@ from ..analysis import summarize
 from .figures import draw
 from ..nsys import sqlite_export
 from ..trace import Trace, load_trace
-from ..scaling.epochs import RULE as EPOCH_RULE, short as epoch_note
-from ..scaling.epochs import of_summary
+from ..scaling.epochs import RULE as EPOCH_RULE, of_summary, short as epoch_note
 from ..scaling.links import hook_of
 from ..scaling.machine import machine_of
 from ..scaling.step import bound_of, own_terms, split_of, step_of
