@@ -115,8 +115,9 @@ def one_line(row) -> str:
     if row.status != "ok":
         return f"{row.name}: {status(row)}: {row.error}"
     speed = f"  {row.speedup:.2f}x of {row.ideal:g}x ideal" if row.speedup is not None and row.ideal != 1 else ""
+    noisy = f"  NOISY: its epochs spread {row.epoch_spread * 100:.0f} %" if row.epoch_noisy else ""
     return (f"{row.name}: {row.epoch_s:.2f} s/epoch  {row.images_per_s:.0f} img/s  "
-            f"data wait {pct(row.data_wait_share)}{speed}")
+            f"data wait {pct(row.data_wait_share)}{speed}{noisy}")
 
 
 def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list, layout: Layout = Layout()) -> None:

@@ -1,18 +1,18 @@
-"""Each cell's epoch predicted from its variant's cell with the fewest processes, beside the
+"""Each cell's epoch predicted from its variant's profiled cell with the fewest processes, beside the
 measured one: the what-if model (handler/profiling/whatif.py) checked by the matrix.
 
-The model splits the base cell's profiled step by resource and scales it to each count; the
-ratio of the predicted step to the base's is applied to the base's measured epoch (the
-median of its epochs after the first, as every row's), so both columns are measured alike.
+One path with the comparison's lab page: each profiled cell's summary JSON becomes the lab page's
+row (lab/page.py summary_row) and the predictions are the lab page's (whatif.folder_predictions):
+the same base, link, CPU factors and measured epoch (scaling/epochs.py), so report.md and
+lab/lab.md print the same numbers cell by cell. Where the base's measured epoch is noisy, each
+prediction carries how far it could move (epochs.could_move).
 """
 from statistics import median
 
-from ..profiling.scaling.scale import cpu_factors
-from ..profiling.scaling.step import split_of
-from ..profiling.whatif import ASSUMPTIONS, predictions
+from ..profiling.lab.page import summary_row
+from ..profiling.scaling.epochs import could_move, line as epoch_line
+from ..profiling.whatif import ASSUMPTIONS, COUNTS, folder_predictions
 from ..profiling.whatif import gradient_mb as whatif_gradient_mb
-from ..profiling.lab.summary_check import check_summary
-from ..runtime.errors import UserError
 
 
 def gradient_mb(metrics: dict | None) -> float:
@@ -20,53 +20,49 @@ def gradient_mb(metrics: dict | None) -> float:
     return whatif_gradient_mb(((metrics or {}).get("config") or {}).get("model"))
 
 
+def lab_rows(rows, outcomes) -> list[dict]:
+    """The lab page's rows of the finished cells that were profiled, from their summary JSONs."""
+    by_name = {o.cell.name: o for o in outcomes}
+    out = []
+    for row in rows:
+        outcome = by_name[row.name]
+        if row.status != "ok" or not outcome.profile:
+            continue
+        entry = {"report": outcome.profile.get("report") or row.folder, "mode": row.label, "gpus": row.count,
+                 "model": ((outcome.metrics or {}).get("config") or {}).get("model")}
+        out.append(summary_row(outcome.profile, entry, outcome.profile.get("machine") or {}, outcome.metrics))
+    return out
+
+
 def add_predictions(rows, outcomes) -> None:
     """Sets measured_epoch_s on every finished row, and predicted_epoch_s, prediction_error
-    (signed, over the measured), predicted_bound and predicted_from on every other count of
-    a variant whose fewest-process cell was profiled. A CPU variant's compute at other counts
-    comes from the other variants' profiles of this machine (one rank per process: not dp, not pp)."""
-    by_name = {o.cell.name: o for o in outcomes}
+    (signed, over the measured), predicted_bound, predicted_from and, from a noisy base,
+    predicted_could_move on every other count of a variant with a profiled cell."""
     for row in rows:
         row.measured_epoch_s = row.epoch_s
-    splits = _cpu_splits(rows, by_name)
-    for label in sorted({r.label for r in rows}):
-        done = sorted((r for r in rows if r.label == label and r.epoch_s), key=lambda r: r.count)
-        if len(done) < 2 or not by_name[done[0].name].profile:
+    problem, by_label = folder_predictions(lab_rows(rows, outcomes), (*COUNTS, *(r.count for r in rows)))
+    if problem:  # the machine could not be read from the profiles: every cell says so, none is predicted
+        for row in rows:
+            row.predicted_from = f"no prediction ({problem})" if row.epoch_s else ""
+        return
+    for label, got in by_label.items():
+        base = got["base"]
+        name = f"{label} x{base['gpus']}"
+        others = [r for r in rows if r.label == label and r.epoch_s and r.count != base["gpus"]]
+        if got["found"] is None:
+            for row in others:
+                row.predicted_from = f"{name}: no prediction ({got['why']})"
             continue
-        base, outcome = done[0], by_name[done[0].name]
-        others = {k: v for k, v in splits.items() if k != label}
-        try:
-            check_summary(outcome.profile, f"{base.name}'s profile summary")
-            found = predictions(outcome.profile, [r.count for r in done], grad_mb=gradient_mb(outcome.metrics),
-                                mode="dp" if base.mode == "dp" else None, factors=cpu_factors(others, base.count))
-        except UserError as err:
-            for row in done[1:]:
-                row.predicted_from = f"{base.name}: no prediction ({err})"
-            continue
-        cells = {c["count"]: c for c in found["cells"]}
-        split = found["split"]
-        own = cells[split.devices if split.gpu else split.processes]
-        for row in done[1:]:
+        cells = {c["count"]: c for c in got["found"]["cells"]}
+        measured = got["found"]["split"].measured or {}
+        for row in others:
             cell = cells[row.count]
-            row.predicted_epoch_s = base.epoch_s * cell["epoch_s"] / own["epoch_s"]
+            row.predicted_epoch_s = cell["epoch_s"]
             row.prediction_error = (row.predicted_epoch_s - row.epoch_s) / row.epoch_s
-            row.predicted_bound, row.predicted_from = cell["bound"], base.name
-
-
-def _cpu_splits(rows, by_name) -> dict:
-    """label -> count -> split, of the profiled CPU cells of variants with a rank per process."""
-    out: dict = {}
-    for row in rows:
-        profile = by_name[row.name].profile
-        if not profile or row.mode in ("dp", "pp"):
-            continue
-        try:
-            split = split_of(check_summary(profile, f"{row.name}'s profile summary"))
-        except UserError:
-            continue
-        if not split.gpu:
-            out.setdefault(row.label, {})[row.count] = split
-    return out
+            row.predicted_bound, row.predicted_from = cell["bound"], name
+            row.predicted_base = epoch_line(measured, "its measured epoch") if measured else ""
+            if measured.get("noisy"):
+                row.predicted_could_move = list(could_move(measured, cell["epoch_s"]))
 
 
 def median_error(rows) -> float | None:
@@ -75,20 +71,30 @@ def median_error(rows) -> float | None:
 
 
 def markdown(rows) -> list[str]:
-    """The report's section: predicted and measured epoch side by side, with the error."""
+    """The report's section: predicted and measured epoch side by side, with the error; a noisy base
+    gets how far each prediction could move, and its own line."""
     predicted = [r for r in rows if r.predicted_from]
     if not predicted:
         return []
+    noisy = any(r.predicted_could_move for r in predicted)
     lines = ["## Predicted from the fewest processes", "",
-             "Each cell's epoch predicted from the same variant's cell with the fewest processes "
-             "(`python -m handler.profiling.whatif` on its summary JSON), beside the measured one.", "",
-             "| cell | predicted from | predicted epoch s | measured epoch s | error | bound |", "|---|---|---|---|---|---|"]
+             "Each cell's epoch predicted from the same variant's profiled cell with the fewest processes "
+             "(`python -m handler.profiling.whatif` on its summary JSON, the lab page's what-if), beside the "
+             "measured one.", "",
+             "| cell | predicted from | predicted epoch s | " + ("could move s | " if noisy else "")
+             + "measured epoch s | error | bound |", "|---|---|---|---|---|---|" + ("---|" if noisy else "")]
     for r in predicted:
+        move = ([f"{r.predicted_could_move[0]:.2f}-{r.predicted_could_move[1]:.2f}" if r.predicted_could_move else ""]
+                if noisy else [])
         if r.predicted_epoch_s is None:
-            lines.append(f"| {r.name} | {r.predicted_from} | — | {r.measured_epoch_s:.2f} | — | — |")
+            lines.append("| " + " | ".join([r.name, r.predicted_from, "—", *move, f"{r.measured_epoch_s:.2f}", "—",
+                                            "—"]) + " |")
             continue
-        lines.append(f"| {r.name} | {r.predicted_from} | {r.predicted_epoch_s:.2f} | {r.measured_epoch_s:.2f} | "
-                     f"{r.prediction_error * 100:+.1f} % | {r.predicted_bound} |")
+        lines.append("| " + " | ".join([r.name, r.predicted_from, f"{r.predicted_epoch_s:.2f}", *move,
+                                        f"{r.measured_epoch_s:.2f}", f"{r.prediction_error * 100:+.1f} %",
+                                        r.predicted_bound]) + " |")
+    bases = sorted({(r.predicted_from, r.predicted_base) for r in predicted if r.predicted_base})
+    lines += ["", *(f"- {cell}: {base}." for cell, base in bases)] if bases else []
     error = median_error(rows)
     if error is not None:
         count = sum(r.prediction_error is not None for r in rows)

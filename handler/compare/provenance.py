@@ -72,6 +72,50 @@ def provenance(command: str) -> dict:
             "code": code_version()}
 
 
+def dataset_identity(root: str | None) -> str:
+    """What a folder in CIFAR-10's layout holds, saying only what is known: "real CIFAR-10" only where
+    its python batches are CIFAR-10's own files (torchvision.datasets.CIFAR10's md5s, checked with its
+    check_integrity); otherwise the folder and its image count, and why it is not named CIFAR-10."""
+    from ..data.cifar_files import FOLDER, TEST_FILE, TRAIN_FILES, has_layout
+    from ..data.cifar_images import has_image_tree
+    if not root:
+        return "a folder in CIFAR-10's layout (its path was not recorded, so its files were not checked)"
+    if not Path(root).is_dir():
+        return f"a folder in CIFAR-10's layout, {root} (not found here, so its files were not checked)"
+    if has_layout(root):
+        count = _batch_images(Path(root) / FOLDER, (*TRAIN_FILES, TEST_FILE))
+        try:
+            from torchvision.datasets import CIFAR10
+            from torchvision.datasets.utils import check_integrity
+        except ImportError:
+            return f"{root}: {count} in CIFAR-10's layout (torchvision is not installed to check them)"
+        wrong = [name for name, md5 in (*CIFAR10.train_list, *CIFAR10.test_list)
+                 if not check_integrity(str(Path(root) / FOLDER / name), md5)]
+        if not wrong:
+            return f"real CIFAR-10 ({root}: {count}; torchvision's checksums match)"
+        return (f"{root}: {count} in CIFAR-10's layout, NOT CIFAR-10's files ({', '.join(wrong)} "
+                f"differ{'s' if len(wrong) == 1 else ''} from torchvision's checksums)")
+    if has_image_tree(root):
+        count = sum(1 for p in Path(root).glob("*/*/*") if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+        return (f"{root}: {count} images in a PNG tree of CIFAR-10's layout (torchvision's checksums cover "
+                "only its python batches, so not checked as CIFAR-10)")
+    return f"{root}: not in CIFAR-10's layout"
+
+
+def _batch_images(folder: Path, names) -> str:
+    """"N images" in CIFAR-10 python batches, or why they could not be counted."""
+    import pickle
+    total = 0
+    for name in names:
+        try:
+            with open(folder / name, "rb") as f:
+                batch = pickle.load(f, encoding="latin1")
+            total += len(batch.get("labels", batch.get(b"labels", ())))
+        except Exception as err:  # a corrupt batch is the training's to refuse; here it only goes uncounted
+            return f"images not counted ({name} could not be read: {type(err).__name__})"
+    return f"{total} images"
+
+
 def markdown(prov: dict, extra: Optional[dict] = None) -> list:
     """The provenance block as markdown bullet lines."""
     hw, v = prov["hardware"], prov["versions"]

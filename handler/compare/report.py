@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+from ..profiling.scaling.epochs import RULE as EPOCH_RULE, short as epoch_note
 from ..runtime.names import BACKWARD, DATA_GPU, FORWARD, OPTIMIZER
 from .predict import markdown as prediction_lines
 from .provenance import markdown as provenance_lines
@@ -35,13 +36,14 @@ def _cell(text: str) -> str:
 
 
 def results_table(rows) -> list:
-    header = ["cell", "mode", "procs", "options", "status", "epoch s", "images/s", "speed-up (ideal)",
+    header = ["cell", "mode", "procs", "options", "status", "epoch s", "epochs used", "images/s", "speed-up (ideal)",
               "efficiency", "data wait", "test acc", "phase shares", "note"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         speedup = NA if r.speedup is None else f"{r.speedup:.2f}x ({r.ideal:g}x)"
         values = [r.name, r.mode, str(r.count), f"`{r.options}`" if r.options else "", status(r),
-                  num(r.epoch_s, ".2f"), num(r.images_per_s, ".0f"), speedup, pct(r.efficiency),
+                  num(r.epoch_s, ".2f"), f"{epoch_note(r.measured)} ({r.epoch_from})" if r.measured else NA,
+                  num(r.images_per_s, ".0f"), speedup, pct(r.efficiency),
                   pct(r.data_wait_share), pct(r.test_acc), phases(r), r.error]
         lines.append("| " + " | ".join(_cell(v) for v in values) + " |")
     return lines
@@ -52,7 +54,9 @@ def markdown(rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled
     timing = ("every cell ran under nsys (scripts/launch.sh PROFILE=1): times include its small NVTX overhead"
               if profiled else "cells ran without a profiler (scripts/launch.sh PROFILE=0)")
     lines = [f"# Mode comparison: {title}", "",
-             "Epoch time and images/s are medians over the epochs after the first (or the only epoch). "
+             f"Epoch time is the measured epoch, as the lab page's: {EPOCH_RULE} A profiled cell's comes from its "
+             "nsys epoch ranges, another's from its metrics JSON's epoch timer (`epochs used` says which). "
+             "images/s is the metrics' median over the epochs after the first (or the only epoch). "
              "Speed-up is against the same variant's smallest process count; efficiency is speed-up "
              "÷ ideal. Data wait is the share of epoch time spent waiting for the loader (metrics JSON). "
              "Phase shares are of training-batch time from the nsys NVTX ranges (docs/PROFILING.md), "

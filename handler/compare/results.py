@@ -1,8 +1,11 @@
 """The numbers a comparison reports, derived from each cell's metrics and profile summary.
 
-Epoch time and images/s are medians over the epochs after the first (the first pays
-for start-up: allocator growth, worker start, DALI prefetch), or the only epoch when
-there is one. Speed-up is against the same variant's smallest count that finished.
+Epoch time is the measured epoch (handler/profiling/scaling/epochs.py, the one definition the
+lab page and the what-if use too): the median of the epochs after the first (the first pays for
+start-up: allocator growth, worker start, DALI prefetch), or the only epoch when there is one;
+from the nsys epoch ranges of a profiled cell (as its lab page reads them), else the metrics
+JSON's epoch timer. images/s is the metrics' median over the epochs after the first. Speed-up
+is against the same variant's smallest count that finished.
 """
 import dataclasses
 from dataclasses import dataclass
@@ -10,7 +13,9 @@ from statistics import median
 from typing import Optional
 
 from ..profiling.analysis import GPU_PHASES
+from ..profiling.scaling.epochs import of_metrics, of_summary
 from ..runtime.names import DATA, PHASES
+from .provenance import dataset_identity
 
 SHARES = (*GPU_PHASES, "other")  # data_gpu: the input pipeline's own GPU work (DALI, nvJPEG)
 
@@ -28,7 +33,12 @@ class Row:
     folder: str
     command: str
     epochs_timed: int = 0
-    epoch_s: Optional[float] = None
+    epoch_s: Optional[float] = None  # the measured epoch (epochs.py)
+    epoch_from: str = ""  # "nsys epoch ranges" (profiled) or "metrics epoch timer"
+    epochs_used: Optional[list] = None  # the epoch numbers the measured epoch is the median of
+    epoch_spread: Optional[float] = None  # (slowest - fastest) / median over them
+    epoch_noisy: bool = False  # spread above epochs.NOISY_SHARE
+    measured: Optional[dict] = None  # epochs.of_*'s whole answer, for the pages
     images_per_s: Optional[float] = None
     data_wait_share: Optional[float] = None
     test_acc: Optional[float] = None
@@ -43,6 +53,8 @@ class Row:
     prediction_error: Optional[float] = None  # (predicted - measured) / measured
     predicted_bound: str = ""  # the resource the model says bounds this cell
     predicted_from: str = ""  # the cell the prediction was made from
+    predicted_base: str = ""  # the base's measured epoch, its epochs and spread (epochs.line)
+    predicted_could_move: Optional[list] = None  # [low, high] s where the base's epochs are noisy
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -63,8 +75,8 @@ def _row(outcome) -> Row:
         return row
     epochs = outcome.metrics["epochs"]
     steady = epochs[1:] or epochs
-    row.epochs_timed = len(steady)
-    row.epoch_s = median(e["time_s"] for e in steady)
+    measured_epoch(row, outcome)
+    row.epochs_timed = len(row.epochs_used or ())
     row.images_per_s = median(e["images_per_s"] for e in steady)
     row.data_wait_share = sum(e["data_wait_s"] for e in steady) / sum(e["time_s"] for e in steady)
     row.test_acc = (outcome.metrics.get("test") or {}).get("acc")
@@ -73,6 +85,17 @@ def _row(outcome) -> Row:
     if row.phases is None and all("phase_s" in e for e in steady):
         row.phases, row.phase_source = timer_shares(steady), "loop timers"
     return row
+
+
+def measured_epoch(row: Row, outcome) -> None:
+    """The cell's measured epoch: from its profile's epoch ranges where it was profiled (what its lab
+    page reads), else from its metrics' epoch timer; one rule either way (epochs.py)."""
+    found = of_summary(outcome.profile) if outcome.profile else None
+    row.epoch_from = "nsys epoch ranges"
+    if not found or found["s"] is None:
+        found, row.epoch_from = of_metrics(outcome.metrics), "metrics epoch timer"
+    row.measured, row.epoch_s, row.epochs_used = found, found["s"], found["epochs"]
+    row.epoch_spread, row.epoch_noisy = found["spread"], found["noisy"]
 
 
 def nsys_shares(summary: Optional[dict]) -> tuple:
@@ -139,7 +162,7 @@ def dataset_description(outcomes) -> str:
             name = (f"synthetic (generated, {cfg.get('synthetic_train')} train / "
                     f"{cfg.get('synthetic_test')} test images; NOT CIFAR-10)")
         elif name == "cifar10":
-            name = "cifar10 (real CIFAR-10)"
+            name = f"cifar10: {dataset_identity(cfg.get('data'))}"
         if name not in seen:
             seen.append(name)
     return "; ".join(seen) or "unknown (no cell wrote metrics)"

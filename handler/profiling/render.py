@@ -3,6 +3,7 @@ from handler.runtime.names import DATA, DATA_GPU, OUTSIDE_TRAINING, PHASES
 
 from .analysis import GPU_PHASES
 from .bubble import markdown_lines
+from .scaling.epochs import line as measured_line, of_summary
 
 NA = "n/a"
 LABELS = {DATA: "data-stall"}  # waiting for the loader is what the data phase measures
@@ -77,7 +78,8 @@ def markdown(summary: dict, title: str) -> str:
              f"`{one_line(summary)}`", "", *run_line(summary.get("run"))]
     window = summary.get("capture_window") or {}
     outside = ", ".join(f"{o['epoch']}: {num(o['metrics_s'])} s" for o in window.get("outside") or [])
-    numbering = "Epochs count from 0, as NVTX and --profile-epochs do; the console's epoch line shows N+1."
+    numbering = ("Epochs count from 0, as NVTX and --profile-epochs do; the console's epoch line shows N+1. "
+                 f"{measured_line(of_summary(summary), 'The measured epoch (what the lab page and the what-if use)')}.")
     lines += _section("Epoch time (s)", f"This report covers {covered(window)}; the others were not captured. "
                       f"Their times from the metrics JSON: {outside}. {numbering}" if outside else numbering,
                       *_epoch_table(ranks))

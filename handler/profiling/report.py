@@ -20,6 +20,7 @@ from handler.runtime.names import EPOCH
 from handler.runtime.out_folder import check_out_folder
 
 from .analysis import incomplete, summarize
+from .scaling.epochs import contract, of_ranks
 from .scaling.machine import machine_of
 from .merge import markdown_lines as merge_lines
 from .merge import merge
@@ -123,6 +124,7 @@ def main(argv=None) -> None:
     else:
         analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
         analysis["incomplete"] = incomplete(analysis["ranks"])
+        analysis["measured_epoch"] = contract(of_ranks(analysis["ranks"]))  # as summarize's (scaling/epochs.py)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
         name = job_name(reports)
         title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)

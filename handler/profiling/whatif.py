@@ -18,6 +18,7 @@ from pathlib import Path
 from handler.runtime.errors import UserError, one_line_errors
 
 from .scaling.links import CPU_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured, parse_link, payload
+from .scaling.epochs import could_move, line as epoch_line
 from .scaling.scale import Setting, cpu_factors, predict
 from .scaling.step import RESOURCES, Split, split_of
 
@@ -123,23 +124,31 @@ def facts(found: dict) -> str:
 
 
 def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
-    """A table of the predicted cells (beside `measured_s`: count -> epoch s, where known)."""
+    """A table of the predicted cells (beside `measured_s`: count -> epoch s, where known); below it
+    the base's measured epoch (scaling/epochs.py) and, where it is noisy, how far each cell could move."""
     split, alt = found["split"], found["through_host"]
     own = split.devices if split.gpu else split.processes
+    base = split.measured or {}
+    noisy = bool(base.get("noisy"))
     lines = [f"From {title} ({devices(own, split.gpu)}, {split.steps_per_epoch:g} steps an epoch): {facts(found)}.",
              *([f"The link is assumed: the column `through host s` predicts over {THROUGH_HOST_LINK.source[9:]}."]
                if alt else []), "",
-             "| " + " | ".join(["count", "predicted epoch s", *(["through host s"] if alt else []),
+             "| " + " | ".join(["count", "predicted epoch s", *(["could move s"] if noisy else []),
+                                *(["through host s"] if alt else []),
                                 *(["measured s", "error"] if measured_s else []), "loader keeps up s", "step ms",
                                 "bound"]) + " |",
-             "|---" * (5 + (1 if alt else 0) + (2 if measured_s else 0)) + "|"]
+             "|---" * (5 + (1 if alt else 0) + (2 if measured_s else 0) + (1 if noisy else 0)) + "|"]
     for k, c in enumerate(found["cells"]):
         seen = (measured_s or {}).get(c["count"])
         error = "its report" if c["count"] == own else f"{(c['epoch_s'] - seen) / seen * 100:+.0f} %" if seen else ""
         extra = [f"{seen:.2f}" if seen else "", error] if measured_s else []
-        lines.append("| " + " | ".join([devices(c["count"], split.gpu), f"{c['epoch_s']:.2f}",
+        move = ["%.2f-%.2f" % could_move(base, c["epoch_s"])] if noisy else []
+        lines.append("| " + " | ".join([devices(c["count"], split.gpu), f"{c['epoch_s']:.2f}", *move,
                                         *([f"{alt[k]['epoch_s']:.2f}"] if alt else []), *extra,
                                         f"{c['keeps_up_epoch_s']:.2f}", f"{c['step_ms']:.1f}", c["bound"]]) + " |")
+    if base:
+        lines += ["", f"Base: {epoch_line(base, 'its measured epoch')}." + (
+            " A prediction from a noisy base is as unsure as the column `could move s` says." if noisy else "")]
     return lines
 
 
@@ -149,9 +158,27 @@ def bounds_legend() -> list[str]:
 
 def lab_section(rows: list[dict]) -> list[str]:
     """The lab page's what-if section (handler/profiling/lab/page.py): per mode, from its report on
-    the fewest GPUs, every count of the matrix beside the measured ones; the GPU link from the
-    folder's own reports of 2 or more GPUs, and a CPU run's compute at n from other modes' reports."""
+    the fewest GPUs, every count of the matrix beside the measured ones (folder_predictions)."""
     lines = ["", "## What-if: the next run, predicted", "", ASSUMPTIONS, "", *bounds_legend(), ""]
+    problem, by_mode = folder_predictions(rows)
+    if problem:
+        return [*lines, problem, ""]
+    for mode, got in by_mode.items():
+        if got["found"] is None:
+            lines += [f"- **{mode}**: no prediction: {got['why']}.", ""]
+            continue
+        measured = {r["gpus"]: r["epoch_s"] for r in rows if r["mode"] == mode and r["epoch_s"]}
+        lines += [f"### {mode}", "", *markdown(got["found"], f"the {mode} report", measured), ""]
+    return lines
+
+
+def folder_predictions(rows: list[dict], counts=COUNTS) -> tuple[str, dict]:
+    """The predictions of a folder of lab-page rows, one path for the lab page and handler.compare (so
+    their cells agree): per mode, from its row on the fewest GPUs, at `counts` and every count the mode
+    measured, with the GPU link from the folder's own reports of 2 or more GPUs and a CPU run's compute
+    at n from other modes' reports. ("", {mode:
+    {"base": row, "found": predictions(...) or None, "why": why none}}), or (one line, {}) where the
+    machine could not be read from the reports."""
     try:
         summaries = {id(r): _summary_of(r) for r in rows}
         splits: dict[str, dict[int, Split]] = {}
@@ -162,27 +189,24 @@ def lab_section(rows: list[dict]) -> list[str]:
                 continue
         link = _folder_link(rows, summaries, splits)
     except Exception as err:  # what the folder's reports say of the machine; never the page
-        return [*lines, f"No prediction: the what-if could not read the machine from these reports "
-                        f"({type(err).__name__}: {err}); the rest of the page stands.", ""]
+        return (f"No prediction: the what-if could not read the machine from these reports "
+                f"({type(err).__name__}: {err}); the rest of the page stands."), {}
+    out = {}
     for mode in sorted({r["mode"] for r in rows}):
-        mine = [r for r in rows if r["mode"] == mode]
-        base = min(mine, key=lambda r: r["gpus"])
-        summary = summaries[id(base)]
-        measured = {r["gpus"]: r["epoch_s"] for r in mine if r["epoch_s"]}
+        base = min((r for r in rows if r["mode"] == mode), key=lambda r: r["gpus"])
         try:
-            found = predictions(summary, link=link if base["gpus_ran"] else None, mode=_mode(mode, base),
+            found = predictions(summaries[id(base)], (*counts, *(r["gpus"] for r in rows if r["mode"] == mode)),
+                                link=link if base["gpus_ran"] else None, mode=_mode(mode, base),
                                 factors=_factors(mode, base, splits))
-            table = markdown(found, f"the {mode} report", measured)
+            out[mode] = {"base": base, "found": found, "why": ""}
         except UserError as err:
             cut = base.get("incomplete")  # a run cut short before its first epoch ended says so, not "no steps"
-            lines += [f"- **{mode}**: no prediction: {cut['line'] if cut and not cut['complete_epochs'] else err}.", ""]
-            continue
+            out[mode] = {"base": base, "found": None,
+                         "why": str(cut["line"] if cut and not cut["complete_epochs"] else err)}
         except Exception as err:  # a row the model cannot take costs its own line, never the page
-            lines += [f"- **{mode}**: no prediction: the what-if model failed on this report "
-                      f"({type(err).__name__}: {err}); the rest of the page stands.", ""]
-            continue
-        lines += [f"### {mode}", "", *table, ""]
-    return lines
+            out[mode] = {"base": base, "found": None, "why": f"the what-if model failed on this report "
+                                                            f"({type(err).__name__}: {err}); the rest of the page stands"}
+    return "", out
 
 
 def _summary_of(row: dict) -> dict:

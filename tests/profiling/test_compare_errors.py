@@ -43,10 +43,11 @@ def test_all_zero_phase_shares_mean_none_recorded():
     assert _with_other({"data": 0.0, "forward": 0.0}) is None
 
 
-def test_real_cifar10_is_named_and_no_metrics_give_an_empty_recipe():
+def test_cifar10_without_its_folder_recorded_is_not_called_real_and_no_metrics_give_an_empty_recipe():
     cell = Cell(Variant("ddp", "ddp"), 1)
     real = Outcome(cell, "ok", metrics={"env": {"dataset": "cifar10"}, "config": {}})
-    assert dataset_description([real]) == "cifar10 (real CIFAR-10)"
+    assert dataset_description([real]) == ("cifar10: a folder in CIFAR-10's layout (its path was not recorded, so "
+                                           "its files were not checked)")
     assert recipe([Outcome(cell, "failed")]) == {}
 
 

@@ -22,6 +22,7 @@ from ..analysis import summarize
 from .figures import draw
 from ..nsys import sqlite_export
 from ..trace import Trace, load_trace
+from ..scaling.epochs import RULE as EPOCH_RULE, of_summary, short as epoch_note
 from ..scaling.links import hook_of
 from ..scaling.machine import machine_of
 from ..scaling.step import bound_of, own_terms, split_of, step_of
@@ -65,7 +66,9 @@ def verdict(summary: dict) -> dict:
             "steps_per_epoch": split.steps_per_epoch, "gpu_busy_ms_per_step": busy_ms,
             "wait_share": split.wait / split.step, "terms_ms": {k: v * 1e3 for k, v in terms.items()},
             "line": f"{bound}: {detail}; with a loader that keeps up, the epoch takes at least {bound_s:.3g} s "
-                    f"({split.steps_per_epoch:g} steps x {keeps_up * 1e3:.1f} ms) of the {epoch_s:.3g} s measured"}
+                    f"({split.steps_per_epoch:g} steps x {keeps_up * 1e3:.1f} ms) of the {epoch_s:.3g} s measured"
+                    + (f" ({epoch_note(split.measured)}: the bound moves with it)"
+                       if split.measured and split.measured["noisy"] else "")}
 
 
 def _share(part: float, whole: float) -> str:
@@ -157,22 +160,29 @@ def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
     sqlite = sqlite_export(entry["report"], exports)
     metrics = entry.get("metrics") or metrics_beside(entry["report"], strict=True)
     trace = load_trace(sqlite, convention)
-    summary = summarize(trace)
+    summary = summarize(trace, metrics, report=entry["report"])  # the run block from its metrics, then the report
+    return summary_row(summary, entry, machine_of(sqlite, summary["ranks"], metrics), metrics), trace
+
+
+def summary_row(summary: dict, entry: dict, machine: dict, metrics: dict | None) -> dict:
+    """A report's row of the page from its summary: {"report", "mode", "gpus", "model"} of `entry`, the
+    machine block and the run's metrics. handler.compare builds its rows here too (from each cell's
+    summary JSON), so both pages measure and predict a cell alike (whatif.folder_predictions)."""
     ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
     gpus = entry["gpus"] or ran_gpus or processes
     unit = "GPU" if ran_gpus else "CPU process"
-    row = {"report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"), "gpus": gpus, "unit": unit,
-           "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
-           "gpus_ran": ran_gpus, "convention": summary["convention"], "epoch_s": summary["overall"]["epoch_mean_s"],
-           "incomplete": summary["incomplete"],
-           "ranks": [{"rank": r["rank"], "loop": r["loop"], "setup": r["setup"],
-                      "setup_libraries": r["setup_libraries"], "nccl_ranges": r["nccl_ranges"],
-                      "comm": r["comm"], "pipeline": r["pipeline"]}
-                     for r in summary["ranks"]],
-           "gpu_table": summary["gpus"], "verdict": verdict(summary),
-           "machine": machine_of(sqlite, summary["ranks"], metrics), "comm_config": hook_of(metrics)}
-    check_summary({**summary, "machine": row["machine"]}, str(entry["report"]))  # the contract the what-if reads
-    return row, trace
+    measured = of_summary(summary)
+    check_summary({**summary, "machine": machine}, str(entry["report"]))  # the contract the what-if reads
+    return {"report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"), "gpus": gpus,
+            "unit": unit, "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
+            "gpus_ran": ran_gpus, "convention": summary.get("convention"), "epoch_s": measured["s"],
+            "measured_epoch": measured, "incomplete": summary.get("incomplete"),
+            "ranks": [{"rank": r["rank"], "epochs": r.get("epochs"), "loop": r["loop"], "setup": r.get("setup"),
+                       "setup_libraries": r.get("setup_libraries"), "nccl_ranges": r.get("nccl_ranges"),
+                       "comm": r.get("comm"), "pipeline": r.get("pipeline")}
+                      for r in summary["ranks"]],
+            "gpu_table": summary["gpus"], "verdict": verdict(summary), "machine": machine,
+            "comm_config": hook_of(metrics), "run": summary.get("run")}
 
 
 def _remove_empty(*folders: Path) -> None:
@@ -245,12 +255,14 @@ def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
         lines += ["## Reports left off", "", f"{len(left_off)} of {len(left_off) + len(rows)} reports could not be read "
                   "and are not on this page:", "", *(f"- {bad['why']}" for bad in left_off), ""]
     lines += ["## Epoch time and speed-up", "",
-             "Epoch time in s (speed-up over the same mode on its fewest GPUs or processes); where a run did not "
-             "use what its cell asked for, what ran is beside it.", "",
+             "Epoch time in s, the measured epoch (speed-up over the same mode on its fewest GPUs or processes; the "
+             "epochs used and their spread); where a run did not use what its cell asked for, what ran is beside it. "
+             + EPOCH_RULE, "",
              "| mode | " + " | ".join(_column(rows, n) for n in counts) + " |", "|---" * (len(counts) + 1) + "|"]
     for mode in modes:
         lines.append(f"| {mode} | " + " | ".join(
-            (f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x)" if c["epoch_s"] is not None else "no complete epoch")
+            (f"{_num(c['epoch_s'])} ({_num(c['speedup'])}x; {epoch_note(c['measured_epoch'])})"
+             if c["epoch_s"] is not None else "no complete epoch")
             + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
             + _cut_note(c)
             if (c := cell.get((mode, n))) else "" for n in counts) + " |")

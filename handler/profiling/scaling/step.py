@@ -6,12 +6,17 @@ step with `bound_of`, so they cannot disagree. The wait for data is whatever the
 convention (conventions.py) put there: the time between the step ranges (the kit's loop
 fetches its batch there) plus the `data` and `h2d` phases inside them (ours fetches inside
 `batch i`). Only complete epochs count: a run killed inside an epoch never closes its range,
-and analysis.loop_stats counts the steps of the closed epochs alone.
+and analysis.loop_stats counts the steps of the closed epochs alone. The step is the measured
+epoch (epochs.py: the warm-up left out, the median of the rest) over its steps; the parts,
+measured over every complete epoch, are scaled in proportion to it (`_at_measured`), so they
+still add up to it.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from handler.runtime.errors import UserError
 from handler.runtime.names import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER
+
+from .epochs import of_summary
 
 GPU_BOUND = 0.8  # a GPU busy this share of the host's work inside the step: that work is the wait for it
 # What bounds a step, in the words the verdict and the what-if both print (docs/PROFILING.md).
@@ -32,7 +37,7 @@ class Split:
     gpu: bool
     epochs: int
     steps_per_epoch: float
-    step: float  # measured: the complete epochs over their steps
+    step: float  # measured: the measured epoch (epochs.py) over its steps
     wait: float  # the wait for data: between the steps, plus `data` and `h2d` inside them
     host: float  # inside the steps, less the wait and the exposed communication
     busy: float  # the busiest GPU's compute per step; the host work on a CPU run
@@ -41,6 +46,7 @@ class Split:
     buckets: int | None  # the all-reduce's buckets, where the report counted them
     compute_share: float  # backward's share of forward + backward + optimizer: the window behind it
     pipeline: dict | None  # pp: {"stages", "microbatches", "span"} (span per step, s); None otherwise
+    measured: dict | None = None  # the measured epoch the step is from (epochs.of_summary); None: the mean
 
 
 def split_of(summary: dict) -> Split:
@@ -68,11 +74,23 @@ def split_of(summary: dict) -> Split:
     # the GPU's compute and the exposed communication share the step: its busy time fits beside it
     busy = min(max(busy_s), step - exposed) if busy_s else host
     compute = sum(phase.get(p, 0.0) for p in (FORWARD, BACKWARD, OPTIMIZER))
-    return Split(processes=len(ranks), devices=len(gpus) or len(ranks), gpu=bool(busy_s), epochs=epochs,
+    split = Split(processes=len(ranks), devices=len(gpus) or len(ranks), gpu=bool(busy_s), epochs=epochs,
                  steps_per_epoch=steps / epochs, step=step, wait=wait, host=host, busy=busy, comm=comm,
                  exposed=exposed, buckets=comm_stats.get("buckets") or None,
                  compute_share=phase.get(BACKWARD, 0.0) / compute if compute else 0.0,
                  pipeline=_pipeline(ranks, steps))
+    return _at_measured(split, of_summary(summary))
+
+
+def _at_measured(split: Split, measured: dict) -> Split:
+    """The split with its step the measured epoch's (epochs.py) and every part, measured over all the
+    complete epochs, scaled by the same factor: they still add up to the step, and the GPU's busy
+    time still fits inside it. Unchanged where no epoch was timed."""
+    if not measured["s"]:
+        return split
+    k = measured["s"] / split.steps_per_epoch / split.step
+    return replace(split, step=split.step * k, wait=split.wait * k, host=split.host * k, busy=split.busy * k,
+                   comm=None if split.comm is None else split.comm * k, exposed=split.exposed * k, measured=measured)
 
 
 def _complete(loop: dict) -> bool:
