@@ -28,6 +28,7 @@ from ..scaling.machine import machine_of
 from ..scaling.step import bound_of, own_terms, split_of, step_of
 from ..whatif import lab_section
 from .summary_check import check_summary
+from ..scaling.run_facts import run_block
 from .cells import metrics_beside
 
 BOUND_RULE = ("The bound is what remains of one epoch with a loader that keeps up: the wait for data removed "
@@ -160,7 +161,8 @@ def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
     sqlite = sqlite_export(entry["report"], exports)
     metrics = entry.get("metrics") or metrics_beside(entry["report"], strict=True)
     trace = load_trace(sqlite, convention)
-    summary = summarize(trace, metrics, report=entry["report"])  # the run block from its metrics, then the report
+    summary = summarize(trace, report=entry["report"])  # metrics as data only: summarize's hook defaults import torch
+    summary["run"] = run_block(summary, metrics, entry["report"])  # the run's own facts from its metrics first
     return summary_row(summary, entry, machine_of(sqlite, summary["ranks"], metrics), metrics), trace
 
 
