@@ -17,17 +17,16 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError, one_line_errors
 
-from .scaling.links import CPU_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured, parse_link, payload
-from .scaling.scale import Setting, cpu_factors, predict
+from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
+                            parse_link, payload)
+from .scaling.run_facts import (GRAD_MB, RESNET18_GRAD_MB, as_gpu_job, gradients, harness_mode, machine_read, mode_name,
+                                nodes_of, pipeline_of, shape_of)
+from .scaling.scale import PP_MICROBATCHES, Setting, cpu_factors, predict
 from .scaling.step import RESOURCES, Split, split_of
 
 from .lab.summary_check import check_summary
 
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
-RESNET18_GRAD_MB = 44.696  # fp32 gradients of ResNet-18 (models/, checked by a test): the lab's model
-# MB of fp32 gradients each model of models/ all-reduces per step (a test counts them); read here,
-# not counted, so the what-if needs no torch. A model not listed is taken as ResNet-18, and said so.
-GRAD_MB = {"resnet18": RESNET18_GRAD_MB, "resnet20": 1.079, "fastnet": 12.416}
 ASSUMPTIONS = (
     "Model (handler/profiling/whatif.py, handler/profiling/scaling/): the global batch and the steps per epoch stay "
     "as in the report. The step splits into the wait for data (between the step ranges and the `data`/`h2d` phases "
@@ -51,50 +50,49 @@ def gradient_mb(model: str | None) -> float:
 
 
 def mode_of(summary: dict, split: Split) -> str:
-    """dp (one process drives every GPU: the kit's dp_<time>/ folder or a dp_ name), pp (stages), else ddp."""
-    if _named(summary, "dp") or (split.gpu and split.processes < split.devices):
-        return "dp"
-    return "pp" if split.pipeline else "ddp"
+    """The what-if's shape of the run: dp (one process drives every GPU), pp (stages), else ddp."""
+    return shape_of(harness_mode(summary, split)[0])
 
 
 def run_mode(summary: dict) -> str | None:
-    """The harness's mode a report ran, where its summary or its name says it (fsdp sends its own bytes)."""
-    if summary.get("run_mode"):
-        return summary["run_mode"].split()[0].split("+")[0]
-    return "fsdp" if _named(summary, "fsdp") else None
-
-
-def _named(summary: dict, mode: str) -> bool:
-    """Whether the report's file or folder is named for `mode` (mode, mode_..., mode.xxx: ours and the kit's)."""
-    report = summary.get("report") or ""
-    parts = Path(report[0] if isinstance(report, list) else report).parts[-2:]
-    return any(p == mode or p.startswith((f"{mode}_", f"{mode}.")) for p in parts)
+    """The harness's mode a report ran, where its run block, the page's cell or its name says it."""
+    mode, said = harness_mode(summary, split_of(summary)) if summary.get("ranks") else ("ddp", "assumed")
+    return None if said.startswith("assumed") else mode
 
 
 def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb: float | None = None,
-                mode: str | None = None, factors: dict | None = None) -> dict:
-    """{"split", "mode", "link", "sent", "machine", "cells", "through_host"}: the report's own count and
-    every count asked for; "through_host": the same cells over THROUGH_HOST_LINK where the GPU link
-    was assumed (else None)."""
-    split = split_of(summary)
-    mode = mode or mode_of(summary, split)
-    model = summary.get("model")
-    grad = grad_mb or gradient_mb(model)
-    grad_from = ("--grad-mb" if grad_mb else f"{model}'s gradients" if model in GRAD_MB
-                 else f"model {model or 'not recorded'}: ResNet-18's gradients assumed")
-    sent = payload(grad, model, summary.get("comm_config"), split.buckets, run_mode(summary))
-    chosen = link or measured(split, summary, sent, "from this report's communication") or \
-        (P2P_LINK if split.gpu else CPU_LINK)
-    machine = summary.get("machine") or {}
+                mode: str | None = None, factors: dict | None = None, between: Link | None = None) -> dict:
+    """{"split", "mode", "link", "between", "sent", "machine", "cells", "through_host"}: the report's own
+    count and every count asked for; "through_host": the same cells over THROUGH_HOST_LINK where the
+    GPU link was assumed (else None). mode: the caller's (the lab page's row, compare's cell), read
+    after the run's own; `between`: the link between nodes (a --link of a job of several nodes)."""
+    split = as_gpu_job(split_of(summary), summary)
+    harness, mode_from = harness_mode(summary, split, mode)
+    split, micro_from = pipeline_of(split, summary)
+    shape = shape_of(harness)
+    grad, grad_from, model = gradients(summary, grad_mb)
+    sent = payload(grad, model, summary.get("comm_config"), split.buckets, harness)
+    nodes = nodes_of(summary, split)
+    own_link = measured(split, summary, sent, "from this report's communication")
+    if nodes.nodes > 1:  # the ring of a job across nodes is bound by the link between them: that is what it measured
+        between = between or (own_link and Link(own_link.gbit, own_link.latency_us, own_link.source + ", between nodes"))
+        own_link = None
+    chosen = link or own_link or (P2P_LINK if split.gpu else CPU_LINK)
+    spans = nodes.nodes > 1 and any(nodes.at(n) > 1 for n in counts)
+    between = between or (NODE_LINK if spans else None)
+    machine = machine_read(summary.get("machine") or {})
     own = split.devices if split.gpu else split.processes
     wanted = sorted({own, *counts})
 
-    def cells(over: Link) -> list:
-        setting = Setting(mode, over, sent, machine, factors or {})
+    def cells(over: Link, across: Link | None = between) -> list:
+        setting = Setting(shape, over, sent, machine, factors or {}, across, nodes.per_node if nodes.nodes > 1 else 0)
         return [predict(split, n, setting) for n in wanted]
-    alternative = cells(THROUGH_HOST_LINK) if split.gpu and chosen.assumed and mode != "pp" else None
-    return {"split": split, "mode": mode, "link": chosen, "sent": sent, "grad_mb": grad, "grad_from": grad_from, "machine": machine,
-            "cells": cells(chosen), "through_host": alternative, "factors": factors or {}}
+    alternative = cells(THROUGH_HOST_LINK) if split.gpu and chosen.assumed and shape != "pp" else None
+    other_nodes = cells(chosen, FAST_NODE_LINK) if spans and between and between.assumed and shape == "ddp" else None
+    return {"split": split, "mode": shape, "harness_mode": harness, "mode_from": mode_from, "link": chosen,
+            "between": between, "nodes": nodes, "sent": sent, "grad_mb": grad, "grad_from": grad_from,
+            "machine": machine, "cells": cells(chosen), "through_host": alternative, "fast_nodes": other_nodes,
+            "micro_from": micro_from, "factors": factors or {}}
 
 
 def devices(n: int, gpu: bool) -> str:
@@ -116,28 +114,48 @@ def facts(found: dict) -> str:
         "other reports here, held at the other counts" if found["factors"] else "; CPU compute held at other counts (no other report of "
         "this machine measured them)")
     comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
-    return (f"link {rate}, {link.latency_us:g} us a message ({link.source}); {comm}; {cores}; {workers}{held}"
+    return (f"{found['harness_mode']} ({found['mode_from']}); link {rate}, {link.latency_us:g} us a message "
+            f"({link.source}){_nodes(found)}; {comm}; {cores}; {workers}{held}"
             + ("; dp: one process drives every GPU, its broadcast and gather cross the link" if found["mode"] == "dp"
-               else ""))
+               else "") + (f"; pp: {found['split'].pipeline.get('microbatches') or PP_MICROBATCHES} micro-batches "
+                           f"({found['micro_from'] if found['split'].pipeline.get('microbatches') else 'not recorded: the harness default assumed'})"
+                           if found["mode"] == "pp" and found["split"].pipeline else ""))
+
+
+def _nodes(found: dict) -> str:
+    """The job's nodes and the link between them, where a predicted ring spans nodes."""
+    nodes, between = found["nodes"], found["between"]
+    if nodes.nodes < 2:
+        return ""
+    said = f"; {nodes.nodes} nodes of {nodes.per_node} ({nodes.from_}): counts past {nodes.per_node} span nodes"
+    if between is None:
+        return said
+    return said + f", their ring bound by the link between nodes, {between.gbit:.3g} Gbit/s ({between.source})"
 
 
 def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
     """A table of the predicted cells (beside `measured_s`: count -> epoch s, where known)."""
-    split, alt = found["split"], found["through_host"]
+    split = found["split"]
+    alts = [(name, cells) for name, cells in (("through host s", found["through_host"]),
+                                              ("nodes at 100 Gbit/s s", found.get("fast_nodes"))) if cells]
     own = split.devices if split.gpu else split.processes
+    nodes = found["nodes"]
     lines = [f"From {title} ({devices(own, split.gpu)}, {split.steps_per_epoch:g} steps an epoch): {facts(found)}.",
              *([f"The link is assumed: the column `through host s` predicts over {THROUGH_HOST_LINK.source[9:]}."]
-               if alt else []), "",
-             "| " + " | ".join(["count", "predicted epoch s", *(["through host s"] if alt else []),
+               if found["through_host"] else []),
+             *([f"The link between nodes is assumed: the column `nodes at 100 Gbit/s s` predicts over "
+                f"{FAST_NODE_LINK.source[9:]}."] if found.get("fast_nodes") else []), "",
+             "| " + " | ".join(["count", "predicted epoch s", *(name for name, _ in alts),
                                 *(["measured s", "error"] if measured_s else []), "loader keeps up s", "step ms",
                                 "bound"]) + " |",
-             "|---" * (5 + (1 if alt else 0) + (2 if measured_s else 0)) + "|"]
+             "|---" * (5 + len(alts) + (2 if measured_s else 0)) + "|"]
     for k, c in enumerate(found["cells"]):
         seen = (measured_s or {}).get(c["count"])
         error = "its report" if c["count"] == own else f"{(c['epoch_s'] - seen) / seen * 100:+.0f} %" if seen else ""
         extra = [f"{seen:.2f}" if seen else "", error] if measured_s else []
-        lines.append("| " + " | ".join([devices(c["count"], split.gpu), f"{c['epoch_s']:.2f}",
-                                        *([f"{alt[k]['epoch_s']:.2f}"] if alt else []), *extra,
+        span = f" ({nodes.at(c['count'])} nodes)" if nodes.at(c["count"]) > 1 else ""
+        lines.append("| " + " | ".join([devices(c["count"], split.gpu) + span, f"{c['epoch_s']:.2f}",
+                                        *(f"{cells[k]['epoch_s']:.2f}" for _, cells in alts), *extra,
                                         f"{c['keeps_up_epoch_s']:.2f}", f"{c['step_ms']:.1f}", c["bound"]]) + " |")
     return lines
 
@@ -169,7 +187,8 @@ def lab_section(rows: list[dict]) -> list[str]:
         summary = summaries[id(base)]
         measured = {r["gpus"]: r["epoch_s"] for r in mine if r["epoch_s"]}
         try:
-            found = predictions(summary, link=link if base["gpus_ran"] else None, mode=_mode(mode, base),
+            found = predictions(summary, link=link if base["gpus_ran"] else None,
+                                mode=mode_name(mode) or _mode(mode, base),
                                 factors=_factors(mode, base, splits))
             table = markdown(found, f"the {mode} report", measured)
         except UserError as err:
@@ -186,7 +205,8 @@ def lab_section(rows: list[dict]) -> list[str]:
 
 def _summary_of(row: dict) -> dict:
     return {"ranks": row["ranks"], "gpus": row["gpu_table"], "model": row.get("model"), "report": row["report"],
-            "machine": row.get("machine"), "comm_config": row.get("comm_config"), "run_mode": row.get("mode")}
+            "machine": row.get("machine"), "comm_config": row.get("comm_config"), "run_mode": row.get("mode"),
+            **({"run": row["run"]} if row.get("run") else {})}
 
 
 def _mode(mode: str, row: dict) -> str:
@@ -208,8 +228,8 @@ def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None
             continue
         summary = summaries[id(r)]
         try:
-            sent = payload(gradient_mb(r.get("model")), r.get("model"), summary.get("comm_config"), split.buckets,
-                           run_mode(summary))
+            grad, _, model = gradients(summary)
+            sent = payload(grad, model, summary.get("comm_config"), split.buckets, run_mode(summary))
         except UserError:  # its mode's section says why, in its own line
             continue
         found = measured(split, summary, sent, f"from the NCCL kernels of {r['mode']}, {r['gpus']} GPUs in this folder")
@@ -237,20 +257,21 @@ def parse_counts(text: str) -> tuple:
     return counts
 
 
-def link_argument(text: str, grad_mb: float | None) -> Link:
-    """--link RATE,LATENCY, or a .summary.json of a report of 2 or more GPUs of the same machine."""
+def link_argument(text: str) -> tuple[Link, bool]:
+    """(link, whether it is between nodes): --link RATE,LATENCY, or a .summary.json of a report of 2 or
+    more GPUs of the same machine (a job of several nodes: the link between them). Its bytes are its
+    own run's gradients (its run.grad_mb or model), never the predicted run's --grad-mb."""
     if not text.endswith(".json"):
-        return parse_link(text)
+        return parse_link(text), False
     other = load_summary(Path(text))
-    split = split_of(other)
-    grad = grad_mb or gradient_mb(other.get("model"))
-    found = measured(split, other, payload(grad, other.get("model"), other.get("comm_config"), split.buckets,
-                                           run_mode(other)),
+    split = as_gpu_job(split_of(other), other)
+    grad, _, model = gradients(other)
+    found = measured(split, other, payload(grad, model, other.get("comm_config"), split.buckets, run_mode(other)),
                      f"from {Path(text).name}'s communication")
     if not found:
         raise UserError(f"--link {text}: that report ran one process or recorded no communication, so it measures "
                         "no link; pass the summary of a report of 2 or more GPUs (or CPU processes), or RATE,LATENCY")
-    return found
+    return found, nodes_of(other, split).nodes > 1
 
 
 def load_summary(path: Path) -> dict:
@@ -283,9 +304,9 @@ def main(argv=None) -> int:
     if args.grad_mb is not None and not (args.grad_mb > 0 and math.isfinite(args.grad_mb)):
         raise UserError(f"--grad-mb {args.grad_mb:g} is not a size (a finite number of MB > 0); give the "
                         "gradients' MB, e.g. --grad-mb 44.7")
-    link = link_argument(args.link, args.grad_mb) if args.link else None
+    link, across = link_argument(args.link) if args.link else (None, False)
     summary = load_summary(args.summary)
-    found = predictions(summary, counts, link, args.grad_mb)
+    found = predictions(summary, counts, None if across else link, args.grad_mb, between=link if across else None)
     print("\n".join([*markdown(found, args.summary.name), "", ASSUMPTIONS, "", *bounds_legend()]))
     return 0
 

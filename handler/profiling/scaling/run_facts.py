@@ -1,0 +1,121 @@
+"""The run's own facts a prediction reads, each with where it came from: the summary's `run` block
+(mode, model, gradients, nodes, GPUs per node, pp's micro-batches; docs/summary.schema.json) and
+the machine block's `rank_cores`. An older summary without them is read as before (the report's
+shape, its file name, the model's table, the host's cores), and the first line says so.
+"""
+import dataclasses
+from pathlib import Path
+
+from .step import Split
+
+RESNET18_GRAD_MB = 44.696  # fp32 gradients of ResNet-18 (models/, checked by a test): the lab's model
+# MB of fp32 gradients each model of models/ all-reduces per step (a test counts them); read here,
+# not counted, so the what-if needs no torch. A model not listed is taken as ResNet-18, and said so.
+GRAD_MB = {"resnet18": RESNET18_GRAD_MB, "resnet20": 1.079, "fastnet": 12.416}
+MODES = ("dp", "ddp", "ddp_dali", "fsdp", "pp")
+
+
+def run_of(summary: dict) -> dict:
+    return summary.get("run") or {}
+
+
+def mode_name(text: str | None) -> str | None:
+    """A harness mode from a mode or a label (compare's `dp+amp [fp16]` is dp); None if it names none."""
+    name = (text or "").split()[0].split("+")[0] if (text or "").strip() else ""
+    return name if name in MODES else None
+
+
+def harness_mode(summary: dict, split: Split, given: str | None = None) -> tuple[str, str]:
+    """(mode, where it came from): the run's recorded mode, else the caller's (the lab page's row,
+    compare's cell), else the report's shape (one process driving several GPUs: dp; stages: pp),
+    else the file or folder name, the last resort; else ddp, assumed."""
+    run = run_of(summary)
+    if mode_name(run.get("mode")):
+        return mode_name(run["mode"]) or "ddp", f"run.mode ({run.get('mode_from') or 'recorded'})"
+    for text, source in ((given, "the page's cell"), (summary.get("run_mode"), "the page's cell")):
+        if mode_name(text):
+            return mode_name(text) or "ddp", source
+    if split.gpu and split.processes < split.devices:
+        return "dp", "the report: one process drove every GPU"
+    if split.pipeline:
+        return "pp", "the report: pp's stage ranges"
+    for mode in ("ddp_dali", "fsdp", "dp", "pp", "ddp"):
+        if _named(summary, mode):
+            return mode, f"the file name ({mode}...; the run recorded no mode)"
+    return "ddp", "assumed ddp (the run recorded no mode and the report's name names none)"
+
+
+def shape_of(mode: str) -> str:
+    """The what-if's shape of a harness mode: dp (one process), pp (stages), else ddp (a rank per device)."""
+    return mode if mode in ("dp", "pp") else "ddp"
+
+
+def _named(summary: dict, mode: str) -> bool:
+    """Whether the report's file or folder is named for `mode` (mode, mode_..., mode.xxx, compare's mode-n2)."""
+    report = summary.get("report") or ""
+    parts = Path(report[0] if isinstance(report, list) else report).parts[-2:]
+    return any(p == mode or p.startswith((f"{mode}_", f"{mode}.", f"{mode}-")) for p in parts)
+
+
+def gradients(summary: dict, given: float | None = None) -> tuple[float, str, str | None]:
+    """(MB of fp32 gradients a step, where from, the model): --grad-mb, else the run's own
+    (run.grad_mb), else its model's (GRAD_MB), else ResNet-18's, assumed."""
+    run = run_of(summary)
+    model = run.get("model") or summary.get("model")
+    if given:
+        return given, "--grad-mb", model
+    if run.get("grad_mb"):
+        return float(run["grad_mb"]), f"run.grad_mb ({run.get('grad_mb_from') or 'recorded'})", model
+    if model in GRAD_MB:
+        return GRAD_MB[model], f"{model}'s gradients", model
+    return RESNET18_GRAD_MB, f"model {model or 'not recorded'}: ResNet-18's gradients assumed", model
+
+
+@dataclasses.dataclass(frozen=True)
+class Nodes:
+    """The job's nodes and GPUs per node; `from_` says whether the run recorded them."""
+    nodes: int
+    per_node: int
+    from_: str
+
+    def at(self, n: int) -> int:
+        """Nodes a run of n devices spans: as many per node as the report's nodes held."""
+        return max(1, -(-n // self.per_node)) if self.nodes > 1 and self.per_node else 1
+
+
+def nodes_of(summary: dict, split: Split) -> Nodes:
+    run = run_of(summary)
+    nodes = run.get("nodes") or 1
+    devices = split.devices if split.gpu else split.processes
+    per = run.get("gpus_per_node") if split.gpu and run.get("gpus_per_node") else -(-devices // nodes)
+    said = "run.nodes" if run.get("nodes") else "one node (the run recorded no nodes)"
+    return Nodes(int(nodes), int(per), said)
+
+
+def as_gpu_job(split: Split, summary: dict) -> Split:
+    """A job whose run block records GPUs per node ran on GPUs: its devices are nodes x GPUs per node."""
+    run = run_of(summary)
+    if split.gpu and run.get("nodes") and run.get("gpus_per_node"):
+        return dataclasses.replace(split, devices=max(split.devices, run["nodes"] * run["gpus_per_node"]))
+    return split
+
+
+def pipeline_of(split: Split, summary: dict) -> tuple[Split, str | None]:
+    """pp's micro-batches: run.pp_microbatches, else what the report read (step._pipeline says how)."""
+    run = run_of(summary)
+    if not split.pipeline:
+        return split, None
+    if run.get("pp_microbatches"):
+        pipe = {**split.pipeline, "microbatches": int(run["pp_microbatches"]),
+                "stages": int(run.get("pp_stages") or split.pipeline["stages"])}
+        return dataclasses.replace(split, pipeline=pipe), f"run.pp_microbatches ({run.get('pp_from') or 'recorded'})"
+    return split, split.pipeline.get("from")
+
+
+def machine_read(machine: dict) -> dict:
+    """The machine block with the ranks' cores in place of the host's where the run recorded them
+    (a run pinned to 2 of 18 cores had 2)."""
+    if machine.get("rank_cores"):
+        return {**machine, "host_cores": machine.get("cpu_cores"), "cpu_cores": machine["rank_cores"],
+                "cpu_cores_from": f"the ranks' cores, {machine.get('rank_cores_from') or 'recorded'}"}
+    return machine
