@@ -19,10 +19,16 @@ def gradient_mb(metrics: dict | None) -> float:
     return whatif_gradient_mb(((metrics or {}).get("config") or {}).get("model"))
 
 
+def _gradients(outcome) -> float | None:
+    """The run's own gradients where its summary recorded them (run.grad_mb), else its metrics' model's."""
+    return None if ((outcome.profile or {}).get("run") or {}).get("grad_mb") else gradient_mb(outcome.metrics)
+
+
 def add_predictions(rows, outcomes) -> None:
     """Sets measured_epoch_s on every finished row, and predicted_epoch_s, prediction_error
     (signed, over the measured), predicted_bound and predicted_from on every other count of
-    a variant whose fewest-process cell was profiled. A CPU variant's compute at other counts
+    a variant whose fewest-process cell was profiled, in the cell's mode (fsdp sends its 1.5x as on the
+    lab page; a summary's recorded run.mode comes first). A CPU variant's compute at other counts
     comes from the other variants' profiles of this machine (one rank per process: not dp, not pp)."""
     by_name = {o.cell.name: o for o in outcomes}
     for row in rows:
@@ -35,8 +41,8 @@ def add_predictions(rows, outcomes) -> None:
         base, outcome = done[0], by_name[done[0].name]
         others = {k: v for k, v in splits.items() if k != label}
         try:
-            found = predictions(outcome.profile, [r.count for r in done], grad_mb=gradient_mb(outcome.metrics),
-                                mode="dp" if base.mode == "dp" else None, factors=cpu_factors(others, base.count))
+            found = predictions(outcome.profile, [r.count for r in done], grad_mb=_gradients(outcome),
+                                mode=base.mode, factors=cpu_factors(others, base.count))
         except UserError as err:
             for row in done[1:]:
                 row.predicted_from = f"{base.name}: no prediction ({err})"
