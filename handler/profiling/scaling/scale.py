@@ -10,7 +10,7 @@
   hook sends, hidden behind backward where it can be; dp's broadcast of the parameters and
   gather of the gradients, one GPU to each other in turn; pp none: its stages pass activations
   (not modelled), and its pipeline span follows the bubble, (M + W - 1) micro-batch slots of 1/W
-  of the work each (bubble.py).
+  of the work each (bubble.py), never less than the work spread over the stages.
 At the report's own count every term is the measured one, so the step is the measured step.
 """
 from dataclasses import dataclass
@@ -89,7 +89,7 @@ def dp_terms(split: Split, n: int, s: Setting, work: dict) -> tuple[dict, float,
     change = exchange - dp_exchange(own, s)
     saved = max(0.0, -change)
     off_link = min(split.exposed, saved)
-    link = 0.0 if n == 1 else split.exposed - off_link + max(0.0, change)
+    link = split.exposed - off_link + max(0.0, change)  # at 1 GPU only what the report booked past its exchange
     return {**work, "host": max(0.0, work["host"] - (saved - off_link))}, link, exchange
 
 
@@ -107,7 +107,7 @@ def predict(split: Split, n: int, s: Setting) -> dict:
         work = {"cores": split.busy * factor}
     link = split.exposed
     if s.mode == "pp":  # its first stage loads every batch; the stages' work follows the bubble
-        wait, ratio = split.wait, pipeline_ratio(split, n)
+        wait, ratio = split.wait, max(pipeline_ratio(split, n), own / n)  # the work alone, spread over n stages
         work = {"host": split.host * ratio, "device": split.busy * ratio} if split.gpu else {"cores": split.busy * ratio}
         comm = 0.0
     elif s.mode == "dp" and not split.gpu:

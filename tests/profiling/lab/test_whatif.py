@@ -162,7 +162,7 @@ def test_pp_has_no_all_reduce_and_its_pipeline_follows_the_bubble():
     assert [cells[n]["comm_ms"] for n in (1, 2, 4)] == [0.0, 0.0, 0.0]
     own = cells[2]["terms_ms"]["cores"]
     assert cells[4]["terms_ms"]["cores"] == pytest.approx(own * (7 / 4) / (5 / 2))
-    assert cells[1]["terms_ms"]["cores"] == pytest.approx(own * 4 / (5 / 2))
+    assert cells[1]["terms_ms"]["cores"] == pytest.approx(own * 2)  # one stage does both stages' work: no less
     assert cells[2]["step_ms"] == pytest.approx(200.0)
     gpu_pp = summary(ranks=2, step_ms=200.0, inside_ms=190.0, busy_ms=150.0, report="nsight_logs/pp_1/gpu_2.nsys-rep")
     for r in gpu_pp["ranks"]:
