@@ -49,7 +49,7 @@ def build(mode, count, nodes, gpu, kit, steps, epochs, step_ms, wait, busy, expo
     gpus = [{"device": d, "host": f"node{d * nodes // count}", "compute_busy_share": share, "kernel_busy_share": share,
              "epochs_s": epochs_s, "nccl_kernel_s": (exposed_ms + comm * step_ms) * steps / 1e3 if measured else 0.0}
             for d in range(count)] if gpu else []
-    summary = {"schema": 1, "report": f"runs/{mode}_1/gpu_{count}.nsys-rep", "ranks": ranks, "gpus": gpus,
+    summary = {"schema": 1, "report": f"cells/{mode}-n{count}/{mode}-n{count}.nsys-rep", "ranks": ranks, "gpus": gpus,
                "overall": {"epoch_mean_s": epochs_s / epochs, "phase_shares": {}, "gpu_phase_shares": None}, "model": "resnet20", "comm_config": None}
     if machine:
         summary["machine"] = machine
