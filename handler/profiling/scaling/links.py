@@ -102,7 +102,8 @@ def measured(split: Split, summary: dict, sent: Payload, source: str) -> Link | 
     if n < 2 or split.processes < n or not split.gpu and not split.comm:
         return None
     if split.gpu:
-        nccl = max(((g.get("nccl_kernel_s") or 0.0) for g in summary.get("gpus") or ()), default=0.0)
+        # the GPU whose NCCL kernels ran least: its rank arrived last, so they waited least for a peer
+        nccl = min((g["nccl_kernel_s"] for g in summary.get("gpus") or () if g.get("nccl_kernel_s")), default=0.0)
         seconds = nccl / (split.steps_per_epoch * split.epochs)
     else:
         seconds = split.comm or 0.0

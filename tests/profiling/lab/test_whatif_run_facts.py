@@ -140,3 +140,11 @@ def test_the_ranks_cores_win_over_the_hosts():
     assert wait[2] == pytest.approx(wait[1] / 2) and wait[4] == pytest.approx(wait[2])
     assert "2 CPU cores (the ranks' cores, metrics env.cpu_cores (the affinity))" in whatif.facts(found)
 
+
+
+def test_the_link_is_read_from_the_gpu_whose_nccl_kernels_waited_least():
+    """NCCL kernels spin until every rank arrives: on a loader-bound 2-GPU run GPU 0's took 45 ms a step
+    waiting for rank 1's batch, GPU 1's (the last to arrive) 10 ms. The link is the 10 ms one's."""
+    two = summary(ranks=2, busy_ms=60.0, nccl_ms=45.0, step_ms=200.0, inside_ms=100.0)
+    two["gpus"][1]["nccl_kernel_s"] = 98 * 0.010
+    assert predictions(two, (2,))["link"].gbit == pytest.approx(44.696 * 8 / (10.0 - 0.02), rel=1e-6)
