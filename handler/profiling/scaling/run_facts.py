@@ -87,9 +87,9 @@ def nodes_of(summary: dict, split: Split) -> Nodes:
     run = run_of(summary)
     nodes = run.get("nodes") or 1
     devices = split.devices if split.gpu else split.processes
-    per = run.get("gpus_per_node") if split.gpu and run.get("gpus_per_node") else -(-devices // nodes)
+    per = int(run.get("gpus_per_node") or 0) if split.gpu else 0
     said = "run.nodes" if run.get("nodes") else "one node (the run recorded no nodes)"
-    return Nodes(int(nodes), int(per), said)
+    return Nodes(int(nodes), per or -(-devices // int(nodes)), said)
 
 
 def as_gpu_job(split: Split, summary: dict) -> Split:
