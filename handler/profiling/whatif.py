@@ -39,8 +39,11 @@ ASSUMPTIONS = (
     "(handler/profiling/scaling/comm_model.py; bench.comm checks it) of what its comm hook sends (docs/COMM.md), "
     "fsdp's 1.5 times its gradients (two gathers, one reduce-scatter), hidden "
     "behind backward where it can be; dp's broadcast and gather cross the link "
-    "one GPU at a time; pp has no all-reduce, its pipeline span follows the bubble (M + W - 1 slots of 1/W of the "
-    "work). A GPU step is the larger of (wait + host work) and the GPU's busy time, plus the exposed communication; "
+    "one GPU at a time, and fewer GPUs than the report never take it off their compute; pp has no all-reduce, its "
+    "pipeline span follows the bubble (M + W - 1 slots of 1/W of the work, never less than the work spread over the "
+    "stages). A ring across nodes rides the slower of the node's link and the link between nodes. The run's own "
+    "facts (its summary's `run` block: mode, gradients, nodes, micro-batches; the ranks' cores) come first. A GPU step is the larger of (wait + host work) and the "
+    "GPU's busy time, plus the exposed communication; "
     "a CPU step is their sum. The bound is the largest part, in the lab page verdict's words. Not modelled: pp's "
     "activations between stages, batch-size effects on kernels.")
 

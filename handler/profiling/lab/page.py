@@ -170,6 +170,7 @@ def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
                      for r in summary["ranks"]],
            "gpu_table": summary["gpus"], "verdict": verdict(summary),
            "machine": machine_of(sqlite, summary["ranks"], metrics), "comm_config": hook_of(metrics)}
+    row["run"] = summary.get("run")  # the run's own facts, for the what-if (scaling/run_facts.py)
     return row, trace
 
 
