@@ -64,31 +64,33 @@ def run_mode(summary: dict) -> str | None:
 
 
 def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb: float | None = None,
-                mode: str | None = None, factors: dict | None = None, between: Link | None = None) -> dict:
+                mode: str | None = None, factors: dict | None = None, between: Link | None = None,
+                per_node: int = 0) -> dict:
     """{"split", "mode", "link", "between", "sent", "machine", "cells", "through_host"}: the report's own
     count and every count asked for; "through_host": the same cells over THROUGH_HOST_LINK where the
     GPU link was assumed (else None). mode: the caller's (the lab page's row, compare's cell), read
-    after the run's own; `between`: the link between nodes (a --link of a job of several nodes)."""
+    after the run's own; `between`: the link between nodes (a --link of a job of several nodes, whose
+    nodes held `per_node` GPUs)."""
     split = as_gpu_job(split_of(summary), summary)
     harness, mode_from = harness_mode(summary, split, mode)
     split, micro_from = pipeline_of(split, summary)
     shape = shape_of(harness)
     grad, grad_from, model = gradients(summary, grad_mb)
     sent = payload(grad, model, summary.get("comm_config"), split.buckets, harness)
-    nodes = nodes_of(summary, split)
+    nodes = nodes_of(summary, split, per_node)
     own_link = measured(split, summary, sent, "from this report's communication")
     if nodes.nodes > 1:  # the ring of a job across nodes is bound by the link between them: that is what it measured
         between = between or (own_link and Link(own_link.gbit, own_link.latency_us, own_link.source + ", between nodes"))
         own_link = None
     chosen = link or own_link or (P2P_LINK if split.gpu else CPU_LINK)
-    spans = nodes.nodes > 1 and any(nodes.at(n) > 1 for n in counts)
+    spans = any(nodes.at(n) > 1 for n in counts)
     between = between or (NODE_LINK if spans else None)
     machine = machine_read(summary.get("machine") or {})
     own = split.devices if split.gpu else split.processes
     wanted = sorted({own, *counts})
 
     def cells(over: Link, across: Link | None = between) -> list:
-        setting = Setting(shape, over, sent, machine, factors or {}, across, nodes.per_node if nodes.nodes > 1 else 0)
+        setting = Setting(shape, over, sent, machine, factors or {}, across, nodes.per_node)
         return [predict(split, n, setting) for n in wanted]
     alternative = cells(THROUGH_HOST_LINK) if split.gpu and chosen.assumed and shape != "pp" else None
     other_nodes = cells(chosen, FAST_NODE_LINK) if spans and between and between.assumed and shape == "ddp" else None
@@ -118,22 +120,11 @@ def facts(found: dict) -> str:
         "this machine measured them)")
     comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
     return (f"{found['harness_mode']} ({found['mode_from']}); link {rate}, {link.latency_us:g} us a message "
-            f"({link.source}){_nodes(found)}; {comm}; {cores}; {workers}{held}"
+            f"({link.source}){found['nodes'].says(found['between'])}; {comm}; {cores}; {workers}{held}"
             + ("; dp: one process drives every GPU, its broadcast and gather cross the link" if found["mode"] == "dp"
                else "") + (f"; pp: {found['split'].pipeline.get('microbatches') or PP_MICROBATCHES} micro-batches "
                            f"({found['micro_from'] if found['split'].pipeline.get('microbatches') else 'not recorded: the harness default assumed'})"
                            if found["mode"] == "pp" and found["split"].pipeline else ""))
-
-
-def _nodes(found: dict) -> str:
-    """The job's nodes and the link between them, where a predicted ring spans nodes."""
-    nodes, between = found["nodes"], found["between"]
-    if nodes.nodes < 2:
-        return ""
-    said = f"; {nodes.nodes} nodes of {nodes.per_node} ({nodes.from_}): counts past {nodes.per_node} span nodes"
-    if between is None:
-        return said
-    return said + f", their ring bound by the link between nodes, {between.gbit:.3g} Gbit/s ({between.source})"
 
 
 def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
@@ -260,12 +251,12 @@ def parse_counts(text: str) -> tuple:
     return counts
 
 
-def link_argument(text: str) -> tuple[Link, bool]:
-    """(link, whether it is between nodes): --link RATE,LATENCY, or a .summary.json of a report of 2 or
+def link_argument(text: str) -> tuple[Link, int]:
+    """(link, GPUs per node where it is a link between nodes, else 0): --link RATE,LATENCY, or a .summary.json of a report of 2 or
     more GPUs of the same machine (a job of several nodes: the link between them). Its bytes are its
     own run's gradients (its run.grad_mb or model), never the predicted run's --grad-mb."""
     if not text.endswith(".json"):
-        return parse_link(text), False
+        return parse_link(text), 0
     other = load_summary(Path(text))
     split = as_gpu_job(split_of(other), other)
     grad, _, model = gradients(other)
@@ -274,7 +265,8 @@ def link_argument(text: str) -> tuple[Link, bool]:
     if not found:
         raise UserError(f"--link {text}: that report ran one process or recorded no communication, so it measures "
                         "no link; pass the summary of a report of 2 or more GPUs (or CPU processes), or RATE,LATENCY")
-    return found, nodes_of(other, split).nodes > 1
+    nodes = nodes_of(other, split)
+    return found, nodes.per_node if nodes.nodes > 1 else 0
 
 
 def load_summary(path: Path) -> dict:
@@ -307,9 +299,10 @@ def main(argv=None) -> int:
     if args.grad_mb is not None and not (args.grad_mb > 0 and math.isfinite(args.grad_mb)):
         raise UserError(f"--grad-mb {args.grad_mb:g} is not a size (a finite number of MB > 0); give the "
                         "gradients' MB, e.g. --grad-mb 44.7")
-    link, across = link_argument(args.link) if args.link else (None, False)
+    link, per_node = link_argument(args.link) if args.link else (None, 0)
     summary = load_summary(args.summary)
-    found = predictions(summary, counts, None if across else link, args.grad_mb, between=link if across else None)
+    found = predictions(summary, counts, None if per_node else link, args.grad_mb, between=link if per_node else None,
+                        per_node=per_node)
     print("\n".join([*markdown(found, args.summary.name), "", ASSUMPTIONS, "", *bounds_legend()]))
     return 0
 

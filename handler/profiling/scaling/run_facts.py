@@ -73,23 +73,36 @@ def gradients(summary: dict, given: float | None = None) -> tuple[float, str, st
 
 @dataclasses.dataclass(frozen=True)
 class Nodes:
-    """The job's nodes and GPUs per node; `from_` says whether the run recorded them."""
+    """The job's nodes and GPUs per node (0: every count on one node); `from_` says where from."""
     nodes: int
     per_node: int
     from_: str
 
     def at(self, n: int) -> int:
-        """Nodes a run of n devices spans: as many per node as the report's nodes held."""
-        return max(1, -(-n // self.per_node)) if self.nodes > 1 and self.per_node else 1
+        """Nodes a run of n devices spans: as many per node as the job's nodes held."""
+        return max(1, -(-n // self.per_node)) if self.per_node else 1
+
+    def says(self, between) -> str:
+        """The nodes and the link between them, for the first line; "" where every count is on one node."""
+        if not self.per_node:
+            return ""
+        said = (f"; {self.nodes} node{'s' * (self.nodes > 1)} of {self.per_node} ({self.from_}): counts past "
+                f"{self.per_node} span nodes")
+        return said + (f", their ring bound by the link between nodes, {between.gbit:.3g} Gbit/s ({between.source})"
+                       if between else "")
 
 
-def nodes_of(summary: dict, split: Split) -> Nodes:
+def nodes_of(summary: dict, split: Split, per_node: int = 0) -> Nodes:
+    """per_node: GPUs per node of a --link job of several nodes, where this report ran on one."""
     run = run_of(summary)
-    nodes = run.get("nodes") or 1
+    nodes = int(run.get("nodes") or 1)
     devices = split.devices if split.gpu else split.processes
-    per = int(run.get("gpus_per_node") or 0) if split.gpu else 0
-    said = "run.nodes" if run.get("nodes") else "one node (the run recorded no nodes)"
-    return Nodes(int(nodes), per or -(-devices // int(nodes)), said)
+    if nodes > 1:
+        per = int(run.get("gpus_per_node") or 0) if split.gpu else 0
+        return Nodes(nodes, per or -(-devices // nodes), "run.nodes")
+    if per_node:
+        return Nodes(1, per_node, "as many GPUs per node as the --link job's nodes held")
+    return Nodes(1, 0, "run.nodes" if run.get("nodes") else "one node (the run recorded no nodes)")
 
 
 def as_gpu_job(split: Split, summary: dict) -> Split:

@@ -148,3 +148,20 @@ def test_the_link_is_read_from_the_gpu_whose_nccl_kernels_waited_least():
     two = summary(ranks=2, busy_ms=60.0, nccl_ms=45.0, step_ms=200.0, inside_ms=100.0)
     two["gpus"][1]["nccl_kernel_s"] = 98 * 0.010
     assert predictions(two, (2,))["link"].gbit == pytest.approx(44.696 * 8 / (10.0 - 0.02), rel=1e-6)
+
+
+def test_a_link_from_a_job_of_two_nodes_is_taken_as_the_link_between_nodes(tmp_path):
+    """`--link job.summary.json` of a 2-node job: its ring crossed the nodes, so its rate is the link between
+    them; a 1-GPU report predicted at 4 GPUs spans 2 nodes of 2 and rides it, at 2 GPUs it stays in one node."""
+    (tmp_path / "job.summary.json").write_text(json.dumps(two_node_job()))
+    (tmp_path / "one.summary.json").write_text(json.dumps(TA_DDP_1GPU))
+    link, per_node = whatif.link_argument(str(tmp_path / "job.summary.json"))
+    assert per_node == 2 and link.gbit == pytest.approx(1.5 * 44.696 * 8 / (45.0 - 0.06), rel=1e-6)
+    found = predictions(TA_DDP_1GPU, (2, 4), between=link, per_node=per_node)
+    cells = by_count(found)
+    assert found["link"] == P2P_LINK and cells[4]["comm_ms"] > 5 * cells[2]["comm_ms"]
+    done = subprocess.run([sys.executable, "-m", "handler.profiling.whatif", str(tmp_path / "one.summary.json"),
+                           "--gpus", "2,4", "--link", str(tmp_path / "job.summary.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| 4 GPUs (2 nodes) |" in done.stdout and "as many GPUs per node as the --link job's nodes held" in done.stdout
