@@ -19,7 +19,7 @@ from handler.runtime.errors import UserError, one_line_errors
 
 from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
                             parse_link, payload)
-from .scaling.run_facts import (GRAD_MB, RESNET18_GRAD_MB, as_gpu_job, gradients, harness_mode, machine_read, mode_name,
+from .scaling.run_facts import (GRAD_MB, RESNET18_GRAD_MB, gradients, harness_mode, machine_read, mode_name,
                                 nodes_of, pipeline_of, shape_of)
 from .scaling.scale import PP_MICROBATCHES, Setting, cpu_factors, predict
 from .scaling.step import RESOURCES, Split, split_of
@@ -71,7 +71,7 @@ def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb:
     GPU link was assumed (else None). mode: the caller's (the lab page's row, compare's cell), read
     after the run's own; `between`: the link between nodes (a --link of a job of several nodes, whose
     nodes held `per_node` GPUs)."""
-    split = as_gpu_job(split_of(summary), summary)
+    split = split_of(summary)
     harness, mode_from = harness_mode(summary, split, mode)
     split, micro_from = pipeline_of(split, summary)
     shape = shape_of(harness)
@@ -258,7 +258,7 @@ def link_argument(text: str) -> tuple[Link, int]:
     if not text.endswith(".json"):
         return parse_link(text), 0
     other = load_summary(Path(text))
-    split = as_gpu_job(split_of(other), other)
+    split = split_of(other)
     grad, _, model = gradients(other)
     found = measured(split, other, payload(grad, model, other.get("comm_config"), split.buckets, run_mode(other)),
                      f"from {Path(text).name}'s communication")

@@ -6,6 +6,8 @@ shape, its file name, the model's table, the host's cores), and the first line s
 import dataclasses
 from pathlib import Path
 
+from handler.runtime.errors import UserError
+
 from .step import Split
 
 RESNET18_GRAD_MB = 44.696  # fp32 gradients of ResNet-18 (models/, checked by a test): the lab's model
@@ -15,8 +17,24 @@ GRAD_MB = {"resnet18": RESNET18_GRAD_MB, "resnet20": 1.079, "fastnet": 12.416}
 MODES = ("dp", "ddp", "ddp_dali", "fsdp", "pp")
 
 
+# run fields read as counts, and the least each may be (docs/summary.schema.json)
+COUNTS = {"nodes": 1, "gpus_per_node": 0, "processes": 1, "pp_stages": 1, "pp_microbatches": 1}
+
+
 def run_of(summary: dict) -> dict:
-    return summary.get("run") or {}
+    """The run block, each count a whole number and grad_mb a size, else one line naming the field."""
+    run = summary.get("run") or {}
+    for key, least in COUNTS.items():
+        value = run.get(key)
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and float(value).is_integer() and least <= value < 1e6):
+            raise UserError(f"run.{key} is {value!r}, not a whole number >= {least}; pass the .summary.json that "
+                            "python -m handler.profiling.report wrote, unedited, or summarise the report again")
+    grad = run.get("grad_mb")
+    if grad is not None and not (isinstance(grad, (int, float)) and not isinstance(grad, bool) and 0 < grad < 1e9):
+        raise UserError(f"run.grad_mb is {grad!r}, not a size in MB (> 0); pass the .summary.json that "
+                        "python -m handler.profiling.report wrote, unedited, or summarise the report again")
+    return run
 
 
 def mode_name(text: str | None) -> str | None:
@@ -103,14 +121,6 @@ def nodes_of(summary: dict, split: Split, per_node: int = 0) -> Nodes:
     if per_node:
         return Nodes(1, per_node, "as many GPUs per node as the --link job's nodes held")
     return Nodes(1, 0, "run.nodes" if run.get("nodes") else "one node (the run recorded no nodes)")
-
-
-def as_gpu_job(split: Split, summary: dict) -> Split:
-    """A job whose run block records GPUs per node ran on GPUs: its devices are nodes x GPUs per node."""
-    run = run_of(summary)
-    if split.gpu and run.get("nodes") and run.get("gpus_per_node"):
-        return dataclasses.replace(split, devices=max(split.devices, run["nodes"] * run["gpus_per_node"]))
-    return split
 
 
 def pipeline_of(split: Split, summary: dict) -> tuple[Split, str | None]:

@@ -22,8 +22,8 @@ from handler.runtime.errors import UserError
 from tests.profiling.lab.test_whatif import _outcome
 
 MODES = ("dp", "ddp", "ddp_dali", "fsdp", "pp")
-FAST = settings(derandomize=True, database=None, deadline=None, max_examples=60)
-SPARSE = settings(derandomize=True, database=None, deadline=None, max_examples=25)
+FAST = settings(derandomize=True, database=None, deadline=None, max_examples=150)
+SPARSE = settings(derandomize=True, database=None, deadline=None, max_examples=60)
 
 
 def build(mode, count, nodes, gpu, kit, steps, epochs, step_ms, wait, busy, exposed, comm, micro, machine, run):
@@ -210,7 +210,7 @@ def paths(value, where=()):
         yield where
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=120)
+@settings(derandomize=True, database=None, deadline=None, max_examples=250)
 @given(runs(), st.data())
 def test_every_field_at_its_edges_gives_a_finite_answer_or_one_line(summary, data):
     fields = list(paths(summary))

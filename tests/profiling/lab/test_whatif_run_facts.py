@@ -2,6 +2,7 @@
 by handler/profiling/analysis.py and merge.py) before anything it guessed from the report's shape
 or name: each test is a run a user brought that was predicted wrong before (issue #49)."""
 import json
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from handler.compare.results import build_rows
 from handler.profiling import whatif
 from handler.profiling.scaling.links import FAST_NODE_LINK, NODE_LINK, P2P_LINK
 from handler.profiling.whatif import predictions
+from handler.runtime.errors import UserError
 from tests.nsys_helpers import REPO
 from tests.profiling.lab.test_whatif import CPU_1RANK, _outcome, TA_DDP_1GPU, TA_DP_1GPU, by_count, summary
 
@@ -165,3 +167,22 @@ def test_a_link_from_a_job_of_two_nodes_is_taken_as_the_link_between_nodes(tmp_p
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "| 4 GPUs (2 nodes) |" in done.stdout and "as many GPUs per node as the --link job's nodes held" in done.stdout
+
+
+@pytest.mark.parametrize("field, value", [("pp_stages", 1e-300), ("nodes", 0), ("pp_microbatches", 2.5),
+                                          ("grad_mb", 0), ("gpus_per_node", "two")])
+def test_a_run_block_field_that_is_no_count_or_size_is_one_line(field, value):
+    """Before: pp_stages 1e-300 was read as 0 stages and ended in a ZeroDivisionError traceback."""
+    bent = {**pp_one_stage(4), "run": {**run_block("pp", stages=1, micro=4), field: value}}
+    with pytest.raises(UserError, match=rf"^run\.{field} is {re.escape(repr(value))}, not a ") as err:
+        predictions(bent)
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_the_cli_says_a_bad_run_block_field_in_one_line_and_exit_2(tmp_path):
+    bent = {**pp_one_stage(4), "run": {**run_block("pp", stages=1, micro=4), "pp_stages": 1e-300}}
+    (tmp_path / "bent.summary.json").write_text(json.dumps(bent))
+    done = subprocess.run([sys.executable, "-m", "handler.profiling.whatif", str(tmp_path / "bent.summary.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "run.pp_stages is 1e-300, not a whole number >= 1" in done.stderr and "Traceback" not in done.stderr
