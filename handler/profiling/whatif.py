@@ -42,8 +42,8 @@ ASSUMPTIONS = (
     "one GPU at a time, and fewer GPUs than the report never take it off their compute; pp has no all-reduce, its "
     "pipeline span follows the bubble (M + W - 1 slots of 1/W of the work, never less than the work spread over the "
     "stages). A ring across nodes rides the slower of the node's link and the link between nodes. The run's own "
-    "facts (its summary's `run` block: mode, gradients, nodes, micro-batches; the ranks' cores) come first. A GPU step is the larger of (wait + host work) and the "
-    "GPU's busy time, plus the exposed communication; "
+    "facts (its summary's `run` block: mode, gradients, nodes, micro-batches; the ranks' cores) come first. A GPU "
+    "step is the larger of (wait + host work) and the GPU's busy time, plus the exposed communication; "
     "a CPU step is their sum. The bound is the largest part, in the lab page verdict's words. Not modelled: pp's "
     "activations between stages, batch-size effects on kernels.")
 
@@ -79,9 +79,9 @@ def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb:
     sent = payload(grad, model, summary.get("comm_config"), split.buckets, harness)
     nodes = nodes_of(summary, split, per_node)
     own_link = measured(split, summary, sent, "from this report's communication")
-    if nodes.nodes > 1:  # the ring of a job across nodes is bound by the link between them: that is what it measured
-        between = between or (own_link and Link(own_link.gbit, own_link.latency_us, own_link.source + ", between nodes"))
-        own_link = None
+    if nodes.nodes > 1 and own_link:  # a job's ring across its nodes is bound by the link between them
+        between = between or Link(own_link.gbit, own_link.latency_us, own_link.source + ", between nodes")
+    own_link = None if nodes.nodes > 1 else own_link
     chosen = link or own_link or (P2P_LINK if split.gpu else CPU_LINK)
     spans = any(nodes.at(n) > 1 for n in counts)
     between = between or (NODE_LINK if spans else None)
@@ -122,9 +122,16 @@ def facts(found: dict) -> str:
     return (f"{found['harness_mode']} ({found['mode_from']}); link {rate}, {link.latency_us:g} us a message "
             f"({link.source}){found['nodes'].says(found['between'])}; {comm}; {cores}; {workers}{held}"
             + ("; dp: one process drives every GPU, its broadcast and gather cross the link" if found["mode"] == "dp"
-               else "") + (f"; pp: {found['split'].pipeline.get('microbatches') or PP_MICROBATCHES} micro-batches "
-                           f"({found['micro_from'] if found['split'].pipeline.get('microbatches') else 'not recorded: the harness default assumed'})"
-                           if found["mode"] == "pp" and found["split"].pipeline else ""))
+               else "") + _microbatches(found))
+
+
+def _microbatches(found: dict) -> str:
+    pipe = found["split"].pipeline
+    if found["mode"] != "pp" or not pipe:
+        return ""
+    if pipe.get("microbatches"):
+        return f"; pp: {pipe['microbatches']} micro-batches ({found['micro_from']})"
+    return f"; pp: {PP_MICROBATCHES} micro-batches (not recorded: the harness default assumed)"
 
 
 def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:

@@ -50,7 +50,8 @@ def build(mode, count, nodes, gpu, kit, steps, epochs, step_ms, wait, busy, expo
              "epochs_s": epochs_s, "nccl_kernel_s": (exposed_ms + comm * step_ms) * steps / 1e3 if measured else 0.0}
             for d in range(count)] if gpu else []
     summary = {"schema": 1, "report": f"cells/{mode}-n{count}/{mode}-n{count}.nsys-rep", "ranks": ranks, "gpus": gpus,
-               "overall": {"epoch_mean_s": epochs_s / epochs, "phase_shares": {}, "gpu_phase_shares": None}, "model": "resnet20", "comm_config": None}
+               "overall": {"epoch_mean_s": epochs_s / epochs, "phase_shares": {}, "gpu_phase_shares": None},
+               "model": "resnet20", "comm_config": None}
     if machine:
         summary["machine"] = machine
     if run:
@@ -125,7 +126,8 @@ def implied(found, n, template) -> dict:
     epochs_s = step * steps
     loop = {"epochs": split.epochs, "steps": steps, "epochs_s": epochs_s, "step_mean_ms": step * 1e3,
             "inside_steps_ms": (step - t["loader"]) * 1e3, "between_steps_ms": t["loader"] * 1e3,
-            "phase_ms": {"data": 0.0, "h2d": 0.0, "forward": 1.0, "backward": split.compute_share * 2.0 / (1 - split.compute_share) if split.compute_share < 1 else 1.0, "optimizer": 1.0}}
+            "phase_ms": {"data": 0.0, "h2d": 0.0, "forward": 1.0 - split.compute_share,
+                         "backward": split.compute_share, "optimizer": 0.0}}
     comm = {"source": "allreduce ranges", "seconds": c["comm_ms"] / 1e3 * steps, "exposed_s": t["link"] * steps,
             "buckets": split.buckets} if n > 1 or c["comm_ms"] else None
     out = json.loads(json.dumps(template))
@@ -145,8 +147,8 @@ def implied(found, n, template) -> dict:
 def test_a_round_trip_m_to_n_and_back_returns_the_measured_step_within_one_percent(summary, n):
     """Data-parallel modes over one given link (the link a report measures is the thing predicted, not
     re-read; the ddp family's all-reduce, bench.comm's model checked against measured exchanges there,
-    rides a link of no cost, dp's broadcast and gather 25 Gbit/s). Left out: pp (its span at one stage holds no bubble to give back) and a cell whose GPU
-    outlasts the host's wait and work: no report can hold it (a report's GPU time fits inside its
+    rides a link of no cost, dp's broadcast and gather 25 Gbit/s). Left out: pp (its span at one stage
+    holds no bubble to give back) and a cell whose GPU outlasts the host's wait and work: no report can hold it (a report's GPU time fits inside its
     step range, the rest of which it books to the host), so it has no summary to predict back from."""
     mode = summary["run"]["mode"]
     assume(mode != "pp" and summary["run"]["nodes"] == 1)
