@@ -19,7 +19,7 @@ from handler.runtime.errors import UserError, one_line_errors
 
 from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
                             parse_link, payload)
-from .scaling.run_facts import (GRAD_MB, RESNET18_GRAD_MB, gradients, harness_mode, machine_read, mode_name,
+from .scaling.run_facts import (GRAD_MB, RESNET18_GRAD_MB, gpus_read, gradients, harness_mode, machine_read, mode_name,
                                 nodes_of, pipeline_of, shape_of)
 from .scaling.scale import PP_MICROBATCHES, Setting, cpu_factors, predict
 from .scaling.step import RESOURCES, Split, split_of
@@ -72,6 +72,7 @@ def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb:
     after the run's own; `between`: the link between nodes (a --link of a job of several nodes, whose
     nodes held `per_node` GPUs)."""
     split = split_of(summary)
+    gpus_read(split, summary)
     harness, mode_from = harness_mode(summary, split, mode)
     split, micro_from = pipeline_of(split, summary)
     shape = shape_of(harness)

@@ -123,6 +123,16 @@ def nodes_of(summary: dict, split: Split, per_node: int = 0) -> Nodes:
     return Nodes(1, 0, "run.nodes" if run.get("nodes") else "one node (the run recorded no nodes)")
 
 
+def gpus_read(split: Split, summary: dict) -> None:
+    """A run that recorded GPUs (run.gpus_per_node) but whose summary holds no GPU's busy time would be
+    predicted as CPU processes: one line instead."""
+    per_node = run_of(summary).get("gpus_per_node")
+    if per_node and not split.gpu:
+        raise UserError(f"the run ran on GPUs (run.gpus_per_node {per_node}) but its summary holds no GPU's busy "
+                        "time (`gpus`), so it would be predicted as CPU processes; profile with CUDA traced "
+                        "(nsys --trace cuda,nvtx) and summarise the report again")
+
+
 def pipeline_of(split: Split, summary: dict) -> tuple[Split, str | None]:
     """pp's micro-batches: run.pp_microbatches, else what the report read (step._pipeline says how)."""
     run = run_of(summary)

@@ -62,6 +62,13 @@ def test_a_job_whose_report_measured_no_link_between_nodes_assumes_one_and_says_
                                                                 between=FAST_NODE_LINK))[8]["comm_ms"]
 
 
+def test_a_job_on_gpus_whose_summary_lost_its_gpus_is_one_line_not_cpu_processes():
+    """merge.py's job summary once kept no `gpus`: a 2-node GPU job came out as 4 CPU processes, CPU-bound."""
+    job = {**two_node_job(), "gpus": []}
+    with pytest.raises(UserError, match=r"^the run ran on GPUs \(run.gpus_per_node 2\) but its summary holds no "):
+        predictions(job)
+
+
 def dp_four_gpus():
     """One process on 4 GPUs, 100 ms of compute per GPU a step, 15 ms of its exchange booked to the link."""
     dp = summary(ranks=4, busy_ms=100.0, step_ms=180.0, inside_ms=80.0, comm_s=98 * 0.015, exposed_s=98 * 0.015,
@@ -81,7 +88,7 @@ def test_dp_at_fewer_gpus_keeps_its_compute_per_gpu_and_has_no_exchange_at_one()
 def pp_one_stage(micro):
     pp = summary(step_ms=200.0, inside_ms=190.0, data_ms=10.0, h2d_ms=0.0, report="runs/pp/gpu_1.nsys-rep")
     pp["ranks"][0]["pipeline"] = {"stage": 0, "theoretical_bubble_share": 0.0, "span_s": 0.18 * 98}
-    return {**pp, "run": run_block("pp", stages=1, micro=micro)} if micro else pp
+    return {**pp, "run": run_block("pp", per_node=0, stages=1, micro=micro)} if micro else pp
 
 
 def test_pp_from_one_stage_speeds_up_with_more_stages_from_its_recorded_micro_batches():
@@ -173,14 +180,14 @@ def test_a_link_from_a_job_of_two_nodes_is_taken_as_the_link_between_nodes(tmp_p
                                           ("grad_mb", 0), ("gpus_per_node", "two")])
 def test_a_run_block_field_that_is_no_count_or_size_is_one_line(field, value):
     """Before: pp_stages 1e-300 was read as 0 stages and ended in a ZeroDivisionError traceback."""
-    bent = {**pp_one_stage(4), "run": {**run_block("pp", stages=1, micro=4), field: value}}
+    bent = {**pp_one_stage(4), "run": {**run_block("pp", per_node=0, stages=1, micro=4), field: value}}
     with pytest.raises(UserError, match=rf"^run\.{field} is {re.escape(repr(value))}, not a ") as err:
         predictions(bent)
     assert len(str(err.value).splitlines()) == 1
 
 
 def test_the_cli_says_a_bad_run_block_field_in_one_line_and_exit_2(tmp_path):
-    bent = {**pp_one_stage(4), "run": {**run_block("pp", stages=1, micro=4), "pp_stages": 1e-300}}
+    bent = {**pp_one_stage(4), "run": {**run_block("pp", per_node=0, stages=1, micro=4), "pp_stages": 1e-300}}
     (tmp_path / "bent.summary.json").write_text(json.dumps(bent))
     done = subprocess.run([sys.executable, "-m", "handler.profiling.whatif", str(tmp_path / "bent.summary.json")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
