@@ -17,19 +17,18 @@ from pathlib import Path
 
 from handler.runtime.errors import UserError, one_line_errors
 
-from .scaling.links import CPU_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured, parse_link, payload
+from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
+                            parse_link, payload)
 from .scaling.epochs import could_move, line as epoch_line
-from .scaling.scale import Setting, cpu_factors, predict
+from .scaling.facts import (GRAD_MB, RESNET18_GRAD_MB, gpus_read, gradients, harness_mode, machine_read, mode_name,
+                            nodes_of, pipeline_of, shape_of)
+from .scaling.scale import PP_MICROBATCHES, Setting, cpu_factors, predict
 from .scaling.step import RESOURCES, Split, split_of
 
 from .lab.summary_check import check_summary
 from .nsys import REPORT_SUFFIXES
 
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
-RESNET18_GRAD_MB = 44.696  # fp32 gradients of ResNet-18 (models/, checked by a test): the lab's model
-# MB of fp32 gradients each model of models/ all-reduces per step (a test counts them); read here,
-# not counted, so the what-if needs no torch. A model not listed is taken as ResNet-18, and said so.
-GRAD_MB = {"resnet18": RESNET18_GRAD_MB, "resnet20": 1.079, "fastnet": 12.416}
 ASSUMPTIONS = (
     "Model (handler/profiling/whatif.py, handler/profiling/scaling/): the global batch and the steps per epoch stay "
     "as in the report. The step splits into the wait for data (between the step ranges and the `data`/`h2d` phases "
@@ -42,8 +41,11 @@ ASSUMPTIONS = (
     "(handler/profiling/scaling/comm_model.py; bench.comm checks it) of what its comm hook sends (docs/COMM.md), "
     "fsdp's 1.5 times its gradients (two gathers, one reduce-scatter), hidden "
     "behind backward where it can be; dp's broadcast and gather cross the link "
-    "one GPU at a time; pp has no all-reduce, its pipeline span follows the bubble (M + W - 1 slots of 1/W of the "
-    "work). A GPU step is the larger of (wait + host work) and the GPU's busy time, plus the exposed communication; "
+    "one GPU at a time, and fewer GPUs than the report never take it off their compute; pp has no all-reduce, its "
+    "pipeline span follows the bubble (M + W - 1 slots of 1/W of the work, never less than the work spread over the "
+    "stages). A ring across nodes rides the slower of the node's link and the link between nodes. The run's own "
+    "facts (its summary's `run` block: mode, gradients, nodes, micro-batches; the ranks' cores) come first. A GPU "
+    "step is the larger of (wait + host work) and the GPU's busy time, plus the exposed communication; "
     "a CPU step is their sum. The bound is the largest part, in the lab page verdict's words. Not modelled: pp's "
     "activations between stages, batch-size effects on kernels.")
 
@@ -53,50 +55,52 @@ def gradient_mb(model: str | None) -> float:
 
 
 def mode_of(summary: dict, split: Split) -> str:
-    """dp (one process drives every GPU: the kit's dp_<time>/ folder or a dp_ name), pp (stages), else ddp."""
-    if _named(summary, "dp") or (split.gpu and split.processes < split.devices):
-        return "dp"
-    return "pp" if split.pipeline else "ddp"
+    """The what-if's shape of the run: dp (one process drives every GPU), pp (stages), else ddp."""
+    return shape_of(harness_mode(summary, split)[0])
 
 
 def run_mode(summary: dict) -> str | None:
-    """The harness's mode a report ran, where its summary or its name says it (fsdp sends its own bytes)."""
-    if summary.get("run_mode"):
-        return summary["run_mode"].split()[0].split("+")[0]
-    return "fsdp" if _named(summary, "fsdp") else None
-
-
-def _named(summary: dict, mode: str) -> bool:
-    """Whether the report's file or folder is named for `mode` (mode, mode_..., mode.xxx: ours and the kit's)."""
-    report = summary.get("report") or ""
-    parts = Path(report[0] if isinstance(report, list) else report).parts[-2:]
-    return any(p == mode or p.startswith((f"{mode}_", f"{mode}.")) for p in parts)
+    """The harness's mode a report ran, where its run block, the page's cell or its name says it."""
+    mode, said = harness_mode(summary, split_of(summary)) if summary.get("ranks") else ("ddp", "assumed")
+    return None if said.startswith("assumed") else mode
 
 
 def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb: float | None = None,
-                mode: str | None = None, factors: dict | None = None) -> dict:
-    """{"split", "mode", "link", "sent", "machine", "cells", "through_host"}: the report's own count and
-    every count asked for; "through_host": the same cells over THROUGH_HOST_LINK where the GPU link
-    was assumed (else None)."""
+                mode: str | None = None, factors: dict | None = None, between: Link | None = None,
+                per_node: int = 0) -> dict:
+    """{"split", "mode", "link", "between", "sent", "machine", "cells", "through_host"}: the report's own
+    count and every count asked for; "through_host": the same cells over THROUGH_HOST_LINK where the
+    GPU link was assumed (else None). mode: the caller's (the lab page's row, compare's cell), read
+    after the run's own; `between`: the link between nodes (a --link of a job of several nodes, whose
+    nodes held `per_node` GPUs)."""
     split = split_of(summary)
-    mode = mode or mode_of(summary, split)
-    model = summary.get("model")
-    grad = grad_mb or gradient_mb(model)
-    grad_from = ("--grad-mb" if grad_mb else f"{model}'s gradients" if model in GRAD_MB
-                 else f"model {model or 'not recorded'}: ResNet-18's gradients assumed")
-    sent = payload(grad, model, summary.get("comm_config"), split.buckets, run_mode(summary))
-    chosen = link or measured(split, summary, sent, "from this report's communication") or \
-        (P2P_LINK if split.gpu else CPU_LINK)
-    machine = summary.get("machine") or {}
+    gpus_read(split, summary)
+    harness, mode_from = harness_mode(summary, split, mode)
+    split, micro_from = pipeline_of(split, summary)
+    shape = shape_of(harness)
+    grad, grad_from, model = gradients(summary, grad_mb)
+    sent = payload(grad, model, summary.get("comm_config"), split.buckets, harness)
+    nodes = nodes_of(summary, split, per_node)
+    own_link = measured(split, summary, sent, "from this report's communication")
+    if nodes.nodes > 1 and own_link:  # a job's ring across its nodes is bound by the link between them
+        between = between or Link(own_link.gbit, own_link.latency_us, own_link.source + ", between nodes")
+    own_link = None if nodes.nodes > 1 else own_link
+    chosen = link or own_link or (P2P_LINK if split.gpu else CPU_LINK)
+    spans = any(nodes.at(n) > 1 for n in counts)
+    between = between or (NODE_LINK if spans else None)
+    machine = machine_read(summary.get("machine") or {})
     own = split.devices if split.gpu else split.processes
     wanted = sorted({own, *counts})
 
-    def cells(over: Link) -> list:
-        setting = Setting(mode, over, sent, machine, factors or {})
+    def cells(over: Link, across: Link | None = between) -> list:
+        setting = Setting(shape, over, sent, machine, factors or {}, across, nodes.per_node)
         return [predict(split, n, setting) for n in wanted]
-    alternative = cells(THROUGH_HOST_LINK) if split.gpu and chosen.assumed and mode != "pp" else None
-    return {"split": split, "mode": mode, "link": chosen, "sent": sent, "grad_mb": grad, "grad_from": grad_from, "machine": machine,
-            "cells": cells(chosen), "through_host": alternative, "factors": factors or {}}
+    alternative = cells(THROUGH_HOST_LINK) if split.gpu and chosen.assumed and shape != "pp" else None
+    other_nodes = cells(chosen, FAST_NODE_LINK) if spans and between and between.assumed and shape == "ddp" else None
+    return {"split": split, "mode": shape, "harness_mode": harness, "mode_from": mode_from, "link": chosen,
+            "between": between, "nodes": nodes, "sent": sent, "grad_mb": grad, "grad_from": grad_from,
+            "machine": machine, "cells": cells(chosen), "through_host": alternative, "fast_nodes": other_nodes,
+            "micro_from": micro_from, "factors": factors or {}}
 
 
 def devices(n: int, gpu: bool) -> str:
@@ -118,33 +122,49 @@ def facts(found: dict) -> str:
         "other reports here, held at the other counts" if found["factors"] else "; CPU compute held at other counts (no other report of "
         "this machine measured them)")
     comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
-    return (f"link {rate}, {link.latency_us:g} us a message ({link.source}); {comm}; {cores}; {workers}{held}"
+    return (f"{found['harness_mode']} ({found['mode_from']}); link {rate}, {link.latency_us:g} us a message "
+            f"({link.source}){found['nodes'].says(found['between'])}; {comm}; {cores}; {workers}{held}"
             + ("; dp: one process drives every GPU, its broadcast and gather cross the link" if found["mode"] == "dp"
-               else ""))
+               else "") + _microbatches(found))
+
+
+def _microbatches(found: dict) -> str:
+    pipe = found["split"].pipeline
+    if found["mode"] != "pp" or not pipe:
+        return ""
+    if pipe.get("microbatches"):
+        return f"; pp: {pipe['microbatches']} micro-batches ({found['micro_from']})"
+    return f"; pp: {PP_MICROBATCHES} micro-batches (not recorded: the harness default assumed)"
 
 
 def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
     """A table of the predicted cells (beside `measured_s`: count -> epoch s, where known); below it
     the base's measured epoch (scaling/epochs.py) and, where it is noisy, how far each cell could move."""
-    split, alt = found["split"], found["through_host"]
+    split = found["split"]
+    alts = [(name, cells) for name, cells in (("through host s", found["through_host"]),
+                                              ("nodes at 100 Gbit/s s", found.get("fast_nodes"))) if cells]
     own = split.devices if split.gpu else split.processes
+    nodes = found["nodes"]
     base = split.measured or {}
     noisy = bool(base.get("noisy"))
     lines = [f"From {title} ({devices(own, split.gpu)}, {split.steps_per_epoch:g} steps an epoch): {facts(found)}.",
              *([f"The link is assumed: the column `through host s` predicts over {THROUGH_HOST_LINK.source[9:]}."]
-               if alt else []), "",
+               if found["through_host"] else []),
+             *([f"The link between nodes is assumed: the column `nodes at 100 Gbit/s s` predicts over "
+                f"{FAST_NODE_LINK.source[9:]}."] if found.get("fast_nodes") else []), "",
              "| " + " | ".join(["count", "predicted epoch s", *(["could move s"] if noisy else []),
-                                *(["through host s"] if alt else []),
+                                *(name for name, _ in alts),
                                 *(["measured s", "error"] if measured_s else []), "loader keeps up s", "step ms",
                                 "bound"]) + " |",
-             "|---" * (5 + (1 if alt else 0) + (2 if measured_s else 0) + (1 if noisy else 0)) + "|"]
+             "|---" * (5 + len(alts) + (2 if measured_s else 0) + (1 if noisy else 0)) + "|"]
     for k, c in enumerate(found["cells"]):
         seen = (measured_s or {}).get(c["count"])
         error = "its report" if c["count"] == own else f"{(c['epoch_s'] - seen) / seen * 100:+.0f} %" if seen else ""
         extra = [f"{seen:.2f}" if seen else "", error] if measured_s else []
+        span = f" ({nodes.at(c['count'])} nodes)" if nodes.at(c["count"]) > 1 else ""
         move = ["%.2f-%.2f" % could_move(base, c["epoch_s"])] if noisy else []
-        lines.append("| " + " | ".join([devices(c["count"], split.gpu), f"{c['epoch_s']:.2f}", *move,
-                                        *([f"{alt[k]['epoch_s']:.2f}"] if alt else []), *extra,
+        lines.append("| " + " | ".join([devices(c["count"], split.gpu) + span, f"{c['epoch_s']:.2f}", *move,
+                                        *(f"{cells[k]['epoch_s']:.2f}" for _, cells in alts), *extra,
                                         f"{c['keeps_up_epoch_s']:.2f}", f"{c['step_ms']:.1f}", c["bound"]]) + " |")
     if base:
         lines += ["", f"Base: {epoch_line(base, 'its measured epoch')}." + (
@@ -196,7 +216,7 @@ def folder_predictions(rows: list[dict], counts=COUNTS) -> tuple[str, dict]:
         base = min((r for r in rows if r["mode"] == mode), key=lambda r: r["gpus"])
         try:
             found = predictions(summaries[id(base)], (*counts, *(r["gpus"] for r in rows if r["mode"] == mode)),
-                                link=link if base["gpus_ran"] else None, mode=_mode(mode, base),
+                                link=link if base["gpus_ran"] else None, mode=mode_name(mode) or _mode(mode, base),
                                 factors=_factors(mode, base, splits))
             out[mode] = {"base": base, "found": found, "why": ""}
         except UserError as err:
@@ -211,7 +231,8 @@ def folder_predictions(rows: list[dict], counts=COUNTS) -> tuple[str, dict]:
 
 def _summary_of(row: dict) -> dict:
     return {"ranks": row["ranks"], "gpus": row["gpu_table"], "model": row.get("model"), "report": row["report"],
-            "machine": row.get("machine"), "comm_config": row.get("comm_config"), "run_mode": row.get("mode")}
+            "machine": row.get("machine"), "comm_config": row.get("comm_config"), "run_mode": row.get("mode"),
+            **({"run": row["run"]} if row.get("run") else {})}
 
 
 def _mode(mode: str, row: dict) -> str:
@@ -233,8 +254,8 @@ def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None
             continue
         summary = summaries[id(r)]
         try:
-            sent = payload(gradient_mb(r.get("model")), r.get("model"), summary.get("comm_config"), split.buckets,
-                           run_mode(summary))
+            grad, _, model = gradients(summary)
+            sent = payload(grad, model, summary.get("comm_config"), split.buckets, run_mode(summary))
         except UserError:  # its mode's section says why, in its own line
             continue
         found = measured(split, summary, sent, f"from the NCCL kernels of {r['mode']}, {r['gpus']} GPUs in this folder")
@@ -262,20 +283,22 @@ def parse_counts(text: str) -> tuple:
     return counts
 
 
-def link_argument(text: str, grad_mb: float | None) -> Link:
-    """--link RATE,LATENCY, or a .summary.json of a report of 2 or more GPUs of the same machine."""
+def link_argument(text: str) -> tuple[Link, int]:
+    """(link, GPUs per node where it is a link between nodes, else 0): --link RATE,LATENCY, or a .summary.json of a report of 2 or
+    more GPUs of the same machine (a job of several nodes: the link between them). Its bytes are its
+    own run's gradients (its run.grad_mb or model), never the predicted run's --grad-mb."""
     if not text.endswith(".json"):
-        return parse_link(text)
+        return parse_link(text), 0
     other = load_summary(Path(text))
     split = split_of(other)
-    grad = grad_mb or gradient_mb(other.get("model"))
-    found = measured(split, other, payload(grad, other.get("model"), other.get("comm_config"), split.buckets,
-                                           run_mode(other)),
+    grad, _, model = gradients(other)
+    found = measured(split, other, payload(grad, model, other.get("comm_config"), split.buckets, run_mode(other)),
                      f"from {Path(text).name}'s communication")
     if not found:
         raise UserError(f"--link {text}: that report ran one process or recorded no communication, so it measures "
                         "no link; pass the summary of a report of 2 or more GPUs (or CPU processes), or RATE,LATENCY")
-    return found
+    nodes = nodes_of(other, split)
+    return found, nodes.per_node if nodes.nodes > 1 else 0
 
 
 def load_summary(path: Path) -> dict:
@@ -336,9 +359,10 @@ def main(argv=None) -> int:
     if args.grad_mb is not None and not (args.grad_mb > 0 and math.isfinite(args.grad_mb)):
         raise UserError(f"--grad-mb {args.grad_mb:g} is not a size (a finite number of MB > 0); give the "
                         "gradients' MB, e.g. --grad-mb 44.7")
-    link = link_argument(args.link, args.grad_mb) if args.link else None
+    link, per_node = link_argument(args.link) if args.link else (None, 0)
     summary = load_summary(args.summary)
-    found = predictions(summary, counts, link, args.grad_mb)
+    found = predictions(summary, counts, None if per_node else link, args.grad_mb, between=link if per_node else None,
+                        per_node=per_node)
     print("\n".join([*markdown(found, args.summary.name), "", ASSUMPTIONS, "", *bounds_legend()]))
     return 0
 

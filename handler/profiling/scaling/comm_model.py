@@ -41,7 +41,11 @@ POWERS = (2.0, 4.0, 8.0, math.inf)  # how the CPU's and the wire's bounds combin
 def soft_max(a, b, power: float):
     """(a^p + b^p)^(1/p): the larger bound, plus part of the smaller where they are close."""
     a, b = np.maximum(a, 0.0), np.maximum(b, 0.0)
-    return np.maximum(a, b) if math.isinf(power) else (a ** power + b ** power) ** (1 / power)
+    top = np.maximum(a, b)
+    if math.isinf(power):
+        return top
+    scale = np.where(top > 0, top, 1.0)  # over the larger, so a huge time cannot overflow its power
+    return scale * ((a / scale) ** power + (b / scale) ** power) ** (1 / power)
 
 
 def line_time(wire_bytes: float, rate_mbit: float) -> float:

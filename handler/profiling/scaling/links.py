@@ -34,6 +34,10 @@ P2P_LINK = Link(100.0, 10.0, "assumed: GPUs of one host talking peer to peer ove
 THROUGH_HOST_LINK = Link(8.0, 10.0, "assumed: GPUs talking through host memory (about 8 Gbit/s, as a "
                                     "rented 2-GPU box measured)", True)
 CPU_LINK = Link(10.0, 50.0, "assumed: gloo over loopback TCP on one host", True)
+# Between the nodes of a job, where its report measured no ring across them: a cluster's Ethernet, and
+# beside it (the page's second column) an InfiniBand-class network.
+NODE_LINK = Link(10.0, 50.0, "assumed: nodes joined by 10 Gbit/s Ethernet", True)
+FAST_NODE_LINK = Link(100.0, 5.0, "assumed: nodes joined by 100 Gbit/s InfiniBand", True)
 # MB each PowerSGD rank sends per step for each model of models/ (handler/DDP/powersgd.sent_numel; a test
 # counts them): a low-rank P and Q per compressed gradient, the rest as it is.
 POWERSGD_MB = {"resnet18": {1: 0.1837, 2: 0.329, 4: 0.6196, 8: 1.2046},
@@ -98,7 +102,8 @@ def measured(split: Split, summary: dict, sent: Payload, source: str) -> Link | 
     if n < 2 or split.processes < n or not split.gpu and not split.comm:
         return None
     if split.gpu:
-        nccl = max(((g.get("nccl_kernel_s") or 0.0) for g in summary.get("gpus") or ()), default=0.0)
+        # the GPU whose NCCL kernels ran least: its rank arrived last, so they waited least for a peer
+        nccl = min((g["nccl_kernel_s"] for g in summary.get("gpus") or () if g.get("nccl_kernel_s")), default=0.0)
         seconds = nccl / (split.steps_per_epoch * split.epochs)
     else:
         seconds = split.comm or 0.0

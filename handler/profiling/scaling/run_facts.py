@@ -7,7 +7,7 @@ then the report's file or folder name, last and said so.
 import re
 from pathlib import Path
 
-from ..whatif import GRAD_MB  # the table by model name, for runs from before the metrics recorded it
+from .facts import GRAD_MB  # the table by model name, for runs from before the metrics recorded it
 
 
 MODES = ("ddp_dali", "ddp", "fsdp", "dp", "pp")  # longest first: ddp_dali_gpu2 is ddp_dali, not ddp

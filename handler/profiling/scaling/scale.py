@@ -10,7 +10,7 @@
   hook sends, hidden behind backward where it can be; dp's broadcast of the parameters and
   gather of the gradients, one GPU to each other in turn; pp none: its stages pass activations
   (not modelled), and its pipeline span follows the bubble, (M + W - 1) micro-batch slots of 1/W
-  of the work each (bubble.py).
+  of the work each (bubble.py), never less than the work spread over the stages.
 At the report's own count every term is the measured one, so the step is the measured step.
 """
 from dataclasses import dataclass
@@ -31,6 +31,16 @@ class Setting:
     sent: Payload
     machine: dict
     cpu_factors: dict
+    between: Link | None = None  # the link between nodes, where a ring can span them (facts.Nodes)
+    per_node: int = 0  # devices a node holds; 0: every count on one node
+
+
+def link_at(n: int, s: Setting) -> Link:
+    """The link a ring of n devices rides: past one node's devices, the slower of the node's and the
+    one between nodes (every ring step waits for its slowest hop)."""
+    if s.between is None or not s.per_node or n <= s.per_node:
+        return s.link
+    return min(s.link, s.between, key=lambda k: k.gbit)
 
 
 def loader_cores(processes: int, machine: dict) -> float:
@@ -46,7 +56,7 @@ def comm_at(split: Split, n: int, s: Setting) -> float:
     floor = split.comm if (split.comm is not None and split.processes == 1) else 0.0
     if n < 2:
         return floor
-    link = s.link
+    link = link_at(n, s)
     wire = BETA * line_time(ring_share(n) * s.sent.mb * 1e6, link.gbit * 1e3) if link.gbit != float("inf") else 0.0
     return exchange_s(floor, wire, ring_messages(n, s.sent.buckets, s.sent.per_bucket), s.sent.buckets,
                       link.latency_us / 1e6, POWER)
@@ -54,16 +64,33 @@ def comm_at(split: Split, n: int, s: Setting) -> float:
 
 def dp_exchange(gpus: int, s: Setting) -> float:
     """dp's parameters out to each other GPU and their gradients back, in turn over the link."""
-    if s.link.gbit == float("inf"):
+    if s.link.gbit == float("inf") or gpus < 2:
         return 0.0
     return line_time(2 * (gpus - 1) * s.sent.mb * 1e6, s.link.gbit * 1e3)
+
+
+PP_MICROBATCHES = 4  # the harness's --microbatches default (handler/PP/options.py): where a report reads none
 
 
 def pipeline_ratio(split: Split, n: int) -> float:
     """pp's pipeline span at n stages over the report's: (M + W - 1) / W slots of the whole work."""
     pipe = split.pipeline or {}
-    m, w0 = pipe.get("microbatches", 1), pipe.get("stages", split.processes)
+    m, w0 = pipe.get("microbatches") or PP_MICROBATCHES, pipe.get("stages", split.processes)
     return ((m + n - 1) / n) / ((m + w0 - 1) / w0)
+
+
+def dp_terms(split: Split, n: int, s: Setting, work: dict) -> tuple[dict, float, float]:
+    """dp at n GPUs: (work, link, exchange). The GPUs' compute is the report's spread over n (never less
+    per GPU at fewer GPUs); the exchange grows or shrinks by the model's difference: more GPUs add it
+    on the link; fewer take it off what the report booked to the link, then off the host's work, which
+    waited for it; never off compute, and at 1 GPU there is none."""
+    own = split.devices
+    exchange = dp_exchange(n, s)
+    change = exchange - dp_exchange(own, s)
+    saved = max(0.0, -change)
+    off_link = min(split.exposed, saved)
+    link = split.exposed - off_link + max(0.0, change)  # at 1 GPU only what the report booked past its exchange
+    return {**work, "host": max(0.0, work["host"] - (saved - off_link))}, link, exchange
 
 
 def predict(split: Split, n: int, s: Setting) -> dict:
@@ -80,16 +107,13 @@ def predict(split: Split, n: int, s: Setting) -> dict:
         work = {"cores": split.busy * factor}
     link = split.exposed
     if s.mode == "pp":  # its first stage loads every batch; the stages' work follows the bubble
-        wait, ratio = split.wait, pipeline_ratio(split, n)
+        wait, ratio = split.wait, max(pipeline_ratio(split, n), own / n)  # the work alone, spread over n stages
         work = {"host": split.host * ratio, "device": split.busy * ratio} if split.gpu else {"cores": split.busy * ratio}
         comm = 0.0
     elif s.mode == "dp" and not split.gpu:
         comm = 0.0
     elif s.mode == "dp":
-        extra = dp_exchange(n, s) - dp_exchange(own, s)
-        link += max(0.0, extra)
-        work = {k: max(0.0, v + min(0.0, extra)) for k, v in work.items()}
-        comm = dp_exchange(n, s)
+        work, link, comm = dp_terms(split, n, s, work) if n != own else (work, link, dp_exchange(n, s))
     else:
         comm = comm_at(split, processes, s)
         scale = (work.get("device", work.get("cores", 0.0)) / split.busy) if split.busy else 1.0

@@ -98,14 +98,21 @@ def _complete(loop: dict) -> bool:
 
 
 def _pipeline(ranks: list[dict], steps: int) -> dict | None:
-    """pp's stages and micro-batches (M from the theoretical bubble (W-1)/(M+W-1)) and the
-    longest stage's pipeline span per step."""
+    """pp's stages, micro-batches and the longest stage's pipeline span per step. The micro-batches:
+    what a stage entry recorded, else M from the theoretical bubble (W-1)/(M+W-1); at one stage
+    the bubble is 0 whatever M, so none is read (None: the what-if then reads run.pp_microbatches)."""
     stages = [r["pipeline"] for r in ranks if r.get("pipeline")]
     if not stages:
         return None
     count, theory = len(stages), stages[0].get("theoretical_bubble_share") or 0.0
-    microbatches = round((count - 1) * (1 - theory) / theory) if theory else 1
-    return {"stages": count, "microbatches": max(1, microbatches),
+    recorded = stages[0].get("microbatches")
+    if recorded:
+        microbatches, said = int(recorded), "the report's micro-batch ranges"
+    elif theory:
+        microbatches, said = max(1, round((count - 1) * (1 - theory) / theory)), "the report's theoretical bubble"
+    else:
+        microbatches, said = None, "not recorded (one stage has no bubble to read them from)"
+    return {"stages": count, "microbatches": microbatches, "from": said,
             "span": max((s.get("span_s") or 0.0) for s in stages) / steps}
 
 
