@@ -111,7 +111,8 @@ def facts(found: dict) -> str:
     """What the prediction read and what it assumed, in one sentence."""
     m, link = found["machine"], found["link"]
     rate = "unbounded" if math.isinf(link.gbit) else f"{link.gbit:.3g} Gbit/s"
-    cores = f"{m['cpu_cores']} CPU cores ({m['cpu_cores_from']})" if m.get("cpu_cores") else \
+    host = f"; the host has {m['host_cores']}" if m.get("host_cores") and m["host_cores"] != m.get("cpu_cores") else ""
+    cores = f"{m['cpu_cores']} CPU cores ({m['cpu_cores_from']}{host})" if m.get("cpu_cores") else \
         "CPU cores not recorded (assumed: every loader gets cores of its own)"
     workers = (f"{m['loader_workers']:g} loader workers per process ({m['loader_workers_from']})"
                if m.get("loader_workers") is not None else

@@ -82,8 +82,10 @@ def gradients(summary: dict, given: float | None = None) -> tuple[float, str, st
     model = run.get("model") or summary.get("model")
     if given:
         return given, "--grad-mb", model
-    if run.get("grad_mb"):
-        return float(run["grad_mb"]), f"run.grad_mb ({run.get('grad_mb_from') or 'recorded'})", model
+    if run.get("grad_mb"):  # the table's size by the model's name is said as before; a counted one says so
+        source = run.get("grad_mb_from") or "recorded"
+        said = f"{model}'s gradients" if source.startswith("whatif.GRAD_MB") and model else f"run.grad_mb ({source})"
+        return float(run["grad_mb"]), said, model
     if model in GRAD_MB:
         return GRAD_MB[model], f"{model}'s gradients", model
     return RESNET18_GRAD_MB, f"model {model or 'not recorded'}: ResNet-18's gradients assumed", model

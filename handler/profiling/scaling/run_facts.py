@@ -56,7 +56,7 @@ def _mode(config: dict, ranks: list, gpus: list, report) -> tuple[str | None, st
 def _grad_mb(metrics: dict | None, model: str | None) -> tuple[float | None, str]:
     recorded = ((metrics or {}).get("model") or {}).get("grad_mb")
     if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and recorded > 0:
-        return float(recorded), "metrics model.grad_mb: the run counted its trainable parameters"
+        return float(recorded), "metrics model.grad_mb: the run counted its parameters"
     if model in GRAD_MB:
         return GRAD_MB[model], f"whatif.GRAD_MB of {model}: the run's metrics do not record model.grad_mb"
     return None, f"{UNKNOWN}: model {model or UNKNOWN}, and whatif.GRAD_MB lists {', '.join(GRAD_MB)}"

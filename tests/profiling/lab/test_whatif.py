@@ -439,7 +439,8 @@ def test_the_lab_page_reads_the_runs_hook_and_workers_from_its_metrics_without_i
     assert done.stdout.strip().endswith("no torch")
     assert "sends 22.3 MB (fp16: half of 44.7 MB) a step (resnet18's gradients)" in done.stdout
     assert "3 loader workers per process (metrics config.workers)" in done.stdout
-    assert "18 CPU cores (nsys TARGET_INFO_SYSTEM_ENV CpuCores)" in done.stdout  # the report's, before the metrics'
+    # the cores the ranks could use (the metrics' affinity) before the host's (nsys), which the line names too
+    assert "16 CPU cores (the ranks' cores, metrics env.cpu_cores: the ranks' CPU affinity; the host has 18)" in done.stdout
 
 
 def test_the_gradients_say_whether_the_model_was_read_or_assumed():

@@ -131,7 +131,9 @@ def implied(found, n, template) -> dict:
     comm = {"source": "allreduce ranges", "seconds": c["comm_ms"] / 1e3 * steps, "exposed_s": t["link"] * steps,
             "buckets": split.buckets} if n > 1 or c["comm_ms"] else None
     out = json.loads(json.dumps(template))
-    out["ranks"] = [{"rank": r, "loop": dict(loop), "comm": comm, "epochs": [{"epoch": 0, "time_s": epochs_s}]}
+    out.pop("measured_epoch", None)  # the implied run's epochs are the ranks' below (scaling/epochs.py reads them)
+    out["ranks"] = [{"rank": r, "loop": dict(loop), "comm": comm,
+                     "epochs": [{"epoch": e, "time_s": epochs_s / split.epochs} for e in range(split.epochs)]}
                     for r in range(processes)]
     if split.gpu:
         out["gpus"] = [{"device": d, "compute_busy_share": t["device"] / step, "kernel_busy_share": t["device"] / step,
