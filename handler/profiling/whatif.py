@@ -18,6 +18,7 @@ from pathlib import Path
 from handler.runtime.errors import UserError, one_line_errors
 
 from .scaling.links import CPU_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured, parse_link, payload
+from .scaling.cores import cores_of, says
 from .scaling.scale import Setting, cpu_factors, predict
 from .scaling.step import RESOURCES, Split, split_of
 
@@ -33,10 +34,14 @@ ASSUMPTIONS = (
     "as in the report. The step splits into the wait for data (between the step ranges and the `data`/`h2d` phases "
     "inside them), the host's work inside the step, the GPU's busy time and the communication no compute hid; at the "
     "report's own count they add up to its measured step. The wait goes to the loaders' cores: each process's "
-    "loader uses its workers' cores (its own thread without workers), up to the host's cores read from the report "
-    "(past them it stops shrinking); dp and pp (one loader) keep it; a CPU run's loaders share the ranks' cores, so it stays. The host's "
-    "work stays; the GPU's busy time splits over the GPUs; a CPU run's compute at n ranks is what another mode's "
-    "reports of the same machine measured at n, else held. ddp's all-reduce is the ring model "
+    "loader uses its workers' cores (its own thread without workers) beside one core for each rank's main thread, "
+    "up to the host's cores read from the report (past them it stops shrinking); dp and pp (one loader) keep it; a "
+    "CPU run's loaders share the ranks' cores, so it stays. The host's work stays; the GPU's busy time splits over "
+    "the GPUs. A CPU run's cores are one resource: its compute spreads over the ranks' threads (up to the cores), "
+    "and its loaders' CPU time, measured by the run (metrics epochs[].cpu_time), lands on the ranks' cores, "
+    "stalling a rank whose threads meet at every operator for the share of it on its cores (all of it for one "
+    "rank of every core, 1/n for n ranks of one core each); a run that recorded no CPU time takes its compute at "
+    "n from another mode's reports of the same machine, else holds it, and says so. ddp's all-reduce is the ring model "
     "(handler/profiling/scaling/comm_model.py; bench.comm checks it) of what its comm hook sends (docs/COMM.md), "
     "fsdp's 1.5 times its gradients (two gathers, one reduce-scatter), hidden "
     "behind backward where it can be; dp's broadcast and gather cross the link "
@@ -111,10 +116,11 @@ def facts(found: dict) -> str:
                if m.get("loader_workers") is not None else
                f"loader workers {m.get('loader_workers_from') or 'not recorded'} (assumed: 1 core per loader)")
     split = found["split"]
-    held = "" if split.gpu or found["mode"] == "dp" else (
+    held = "" if split.gpu or found["mode"] == "dp" else f"; the cores shared by the ranks and their loaders: {says(m)}" \
+        if m.get("loader_cpu_ms") is not None and cores_of(m) else (
         f"; CPU compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(found['factors'].items()))} measured by "
-        "other reports here, held at the other counts" if found["factors"] else "; CPU compute held at other counts (no other report of "
-        "this machine measured them)")
+        f"other reports here, held at the other counts ({says(m)})" if found["factors"] else "; CPU compute held at other "
+        f"counts (no other report of this machine measured them; {says(m)})")
     comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
     return (f"link {rate}, {link.latency_us:g} us a message ({link.source}); {comm}; {cores}; {workers}{held}"
             + ("; dp: one process drives every GPU, its broadcast and gather cross the link" if found["mode"] == "dp"

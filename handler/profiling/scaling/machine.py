@@ -14,6 +14,8 @@ the summary's `machine` block (docs/PROFILING.md, "What-if"), each fact with whe
   beside the epochs), the bursts must also number the passes. Anything else: None, saying so.
   0 means the loader runs in the rank.
 - threads_per_rank: the metrics' env.torch_threads (each rank sets the same count).
+- loader_cpu_ms, rank_cpu_ms: CPU time per step and rank of the loader and of the rank's own
+  threads, from the metrics' epochs[].cpu_time (cores.py); a report alone does not hold them.
 A fact nothing gave is None, and its `_from` says so.
 """
 import re
@@ -22,6 +24,8 @@ from contextlib import closing
 from pathlib import Path
 
 from handler.runtime.names import EPOCH, TEST, VALIDATE
+
+from .cores import cpu_time_of
 
 DATA_WORKER = "pt_data_worker"
 BURST_GAP = 6  # PIDs further apart were not forked in one burst (seen: 1-3 within a burst, 11 and more between)
@@ -42,7 +46,8 @@ def machine_of(export: Path | None, ranks: list[dict], metrics: dict | None = No
         workers, workers_from = _workers(export, threads, [r.get("pid") for r in ranks])
     return {"cpu_cores": cores, "cpu_cores_from": cores_from, "loader_workers": workers,
             "loader_workers_from": workers_from, "threads_per_rank": env.get("torch_threads"),
-            "threads_per_rank_from": "metrics env.torch_threads" if env.get("torch_threads") else UNKNOWN}
+            "threads_per_rank_from": "metrics env.torch_threads" if env.get("torch_threads") else UNKNOWN,
+            **cpu_time_of(metrics)}
 
 
 def _read(export: Path | None) -> tuple[int | None, dict | None]:
