@@ -12,7 +12,7 @@ import torch
 from ..runtime import dist, rank0
 from .build import Run, build_run
 from .checkpoint import make_checkpoint, save_atomic
-from .cpu_time import CpuClock
+from ..data.cpu_time import CpuClock
 from .divergence import Diverged, DivergenceGuard, parameters_finite
 from ..runtime.errors import StopRequested, UserError
 from .loop import train_epoch

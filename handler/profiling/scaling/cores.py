@@ -1,7 +1,7 @@
 """The host's cores as one resource shared by the ranks and their loaders (docs/PROFILING.md, "What-if").
 
 What a run's CPU time was spent on comes from its metrics JSON (`cpu_time` of each epoch,
-handler/train/cpu_time.py): per step and rank, the loader's (DataLoader workers, DALI's CPU
+handler/data/cpu_time.py): per step and rank, the loader's (DataLoader workers, DALI's CPU
 threads) and the rank's own (its compute, launches and Python). The summary's `machine` block
 carries them (machine.py: loader_cpu_ms, rank_cpu_ms, cpu_time_from).
 

@@ -1,4 +1,4 @@
-"""Each epoch's CPU time in the metrics JSON (handler/train/cpu_time.py, docs/METRICS.md): the
+"""Each epoch's CPU time in the metrics JSON (handler/data/cpu_time.py, docs/METRICS.md): the
 rank's own and its loader's, read from the process and from /proc, never estimated."""
 import os
 import threading
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from handler.train import cpu_time
+from handler.data import cpu_time
 from tests.conftest import PROCESSES, read_metrics
 
 
