@@ -22,8 +22,9 @@ def gradient_mb(metrics: dict | None) -> float:
 def add_predictions(rows, outcomes) -> None:
     """Sets measured_epoch_s on every finished row, and predicted_epoch_s, prediction_error
     (signed, over the measured), predicted_bound and predicted_from on every other count of
-    a variant whose fewest-process cell was profiled. A CPU variant's compute at other counts
-    comes from the other variants' profiles of this machine (one rank per process: not dp, not pp)."""
+    a variant whose fewest-process cell was profiled. A CPU variant's cores are shared by its own
+    recorded CPU time (scaling/cores.py); a profile without it takes its compute at other counts
+    from the other variants' profiles of this machine (one rank per process: not dp, not pp)."""
     by_name = {o.cell.name: o for o in outcomes}
     for row in rows:
         row.measured_epoch_s = row.epoch_s

@@ -155,7 +155,8 @@ def bounds_legend() -> list[str]:
 def lab_section(rows: list[dict]) -> list[str]:
     """The lab page's what-if section (handler/profiling/lab/page.py): per mode, from its report on
     the fewest GPUs, every count of the matrix beside the measured ones; the GPU link from the
-    folder's own reports of 2 or more GPUs, and a CPU run's compute at n from other modes' reports."""
+    folder's own reports of 2 or more GPUs; a CPU run's cores from its own CPU time, else its compute at n
+    from other modes' reports."""
     lines = ["", "## What-if: the next run, predicted", "", ASSUMPTIONS, "", *bounds_legend(), ""]
     try:
         summaries = {id(r): _summary_of(r) for r in rows}
@@ -225,7 +226,8 @@ def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None
 
 
 def _factors(mode: str, base: dict, splits: dict) -> dict:
-    """A CPU run's compute at other counts, from the other modes of rank-per-process (not dp, not pp)."""
+    """A CPU run's compute at other counts, from the other modes of rank-per-process (not dp, not pp):
+    used where the run recorded no CPU time (scale.cpu_compute)."""
     if base["gpus_ran"] or _mode(mode, base) != "ddp":
         return {}
     others = {m: by for m, by in splits.items() if m != mode and _name(m) not in ("dp", "pp")
