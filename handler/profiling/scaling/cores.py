@@ -89,5 +89,8 @@ def says(machine: dict) -> str:
     if machine.get("loader_cpu_ms") is None:
         return (f"the loaders' and ranks' CPU time {machine.get('cpu_time_from') or UNKNOWN}: assumed the loader "
                 "takes no core from the ranks")
+    threads = machine.get("threads_per_rank")
     return (f"loader {machine['loader_cpu_ms']:.0f} ms and rank {machine.get('rank_cpu_ms') or 0:.0f} ms of CPU a "
-            f"step per rank ({machine.get('cpu_time_from')}), on {cores_of(machine)} cores")
+            f"step per rank ({machine.get('cpu_time_from')}), on {cores_of(machine)} cores: the ranks compute on "
+            f"their share of them ({threads or 'assumed 1'} thread{'s' * (threads != 1)} a rank here), the loaders' "
+            "time lands on the same cores and stalls each rank for its share")
