@@ -116,15 +116,21 @@ def facts(found: dict) -> str:
                if m.get("loader_workers") is not None else
                f"loader workers {m.get('loader_workers_from') or 'not recorded'} (assumed: 1 core per loader)")
     split = found["split"]
-    held = "" if split.gpu or found["mode"] == "dp" else f"; the cores shared by the ranks and their loaders: {says(m)}" \
-        if m.get("loader_cpu_ms") is not None and cores_of(m) else (
-        f"; CPU compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(found['factors'].items()))} measured by "
-        f"other reports here, held at the other counts ({says(m)})" if found["factors"] else "; CPU compute held at other "
-        f"counts (no other report of this machine measured them; {says(m)})")
+    held = "" if split.gpu or found["mode"] == "dp" else _cpu_facts(m, found["factors"])
     comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
     return (f"link {rate}, {link.latency_us:g} us a message ({link.source}); {comm}; {cores}; {workers}{held}"
             + ("; dp: one process drives every GPU, its broadcast and gather cross the link" if found["mode"] == "dp"
                else ""))
+
+
+def _cpu_facts(m: dict, factors: dict) -> str:
+    """Where a CPU run's compute at other counts came from (scale.cpu_compute's order)."""
+    if m.get("loader_cpu_ms") is not None and cores_of(m):
+        return f"; the cores shared by the ranks and their loaders: {says(m)}"
+    if factors:
+        return (f"; CPU compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(factors.items()))} measured by "
+                f"other reports here, held at the other counts ({says(m)})")
+    return f"; CPU compute held at other counts (no other report of this machine measured them; {says(m)})"
 
 
 def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
