@@ -38,7 +38,7 @@ ASSUMPTIONS = (
     "up to the host's cores read from the report (past them it stops shrinking); dp and pp (one loader) keep it; a "
     "CPU run's loaders share the ranks' cores, so it stays. The host's work stays; the GPU's busy time splits over "
     "the GPUs. A CPU run's cores are one resource: its compute spreads over the ranks' threads (up to the cores), "
-    "and its loaders' CPU time, measured by the run (metrics epochs[].cpu_time), lands on the ranks' cores, "
+    "and its loaders' CPU time, measured by the run (metrics epochs[].cpu_time; else nsys' scheduler events), lands on the ranks' cores, "
     "stalling a rank whose threads meet at every operator for the share of it on its cores (all of it for one "
     "rank of every core, 1/n for n ranks of one core each); a run that recorded no CPU time takes its compute at "
     "n from another mode's reports of the same machine, else holds it, and says so. ddp's all-reduce is the ring model "
