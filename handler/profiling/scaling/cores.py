@@ -2,8 +2,9 @@
 
 What a run's CPU time was spent on comes from its metrics JSON (`cpu_time` of each epoch,
 handler/data/cpu_time.py): per step and rank, the loader's (DataLoader workers, DALI's CPU
-threads) and the rank's own (its compute, launches and Python). The summary's `machine` block
-carries them (machine.py: loader_cpu_ms, rank_cpu_ms, cpu_time_from).
+threads) and the rank's own (its compute, launches and Python); for a report from elsewhere,
+from nsys' scheduler events (sched.py). The summary's `machine` block carries them
+(machine.py: loader_cpu_ms, rank_cpu_ms, cpu_time_from).
 
 A CPU run of n ranks on C cores, t = the threads a rank computes with (the harness gives each
 rank its share of the cores: t * n stays the report's t0 * n0):
@@ -17,8 +18,8 @@ At the report's own count that is the measured step: the compute is what remains
 measured one once the loaders' stall is taken out.
 
 A GPU run's loaders: each rank's main thread launches and needs a core of its own, so the
-loaders' workers get the cores the ranks leave (C - n), at most a core per worker; a loader
-without workers runs in the rank's thread (one core per rank).
+loaders' workers get the cores the ranks leave (C - n), at most a core per worker, and never
+fewer than at fewer ranks; a loader without workers runs in the rank's thread (a core per rank).
 """
 from statistics import median
 
