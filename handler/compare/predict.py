@@ -37,7 +37,9 @@ def lab_rows(rows, outcomes) -> list[dict]:
 def add_predictions(rows, outcomes) -> None:
     """Sets measured_epoch_s on every finished row, and predicted_epoch_s, prediction_error
     (signed, over the measured), predicted_bound, predicted_from and, from a noisy base,
-    predicted_could_move on every other count of a variant with a profiled cell."""
+    predicted_could_move on every other count of a variant with a profiled cell. A CPU variant's cores
+    are shared by its own recorded CPU time (scaling/cores.py); a profile without it takes its compute
+    at other counts from the other variants' profiles of this machine (one rank per process)."""
     for row in rows:
         row.measured_epoch_s = row.epoch_s
     problem, by_label = folder_predictions(lab_rows(rows, outcomes), (*COUNTS, *(r.count for r in rows)))

@@ -23,6 +23,7 @@ from .scaling.epochs import could_move, line as epoch_line
 from .scaling.facts import (GRAD_MB, RESNET18_GRAD_MB, gpus_read, gradients, harness_mode, machine_read, mode_name,
                             nodes_of, pipeline_of, shape_of)
 from .scaling.scale import PP_MICROBATCHES, Setting, cpu_factors, predict
+from .scaling.cores import cores_of, says
 from .scaling.step import RESOURCES, Split, split_of
 
 from .lab.summary_check import check_summary
@@ -34,10 +35,14 @@ ASSUMPTIONS = (
     "as in the report. The step splits into the wait for data (between the step ranges and the `data`/`h2d` phases "
     "inside them), the host's work inside the step, the GPU's busy time and the communication no compute hid; at the "
     "report's own count they add up to its measured step. The wait goes to the loaders' cores: each process's "
-    "loader uses its workers' cores (its own thread without workers), up to the host's cores read from the report "
-    "(past them it stops shrinking); dp and pp (one loader) keep it; a CPU run's loaders share the ranks' cores, so it stays. The host's "
-    "work stays; the GPU's busy time splits over the GPUs; a CPU run's compute at n ranks is what another mode's "
-    "reports of the same machine measured at n, else held. ddp's all-reduce is the ring model "
+    "loader uses its workers' cores (its own thread without workers) beside one core for each rank's main thread, "
+    "up to the host's cores read from the report (past them it stops shrinking); dp and pp (one loader) keep it; a "
+    "CPU run's loaders share the ranks' cores, so it stays. The host's work stays; the GPU's busy time splits over "
+    "the GPUs. A CPU run's cores are one resource: its compute spreads over the ranks' threads (up to the cores), "
+    "and its loaders' CPU time, measured by the run (metrics epochs[].cpu_time; else nsys' scheduler events), lands on the ranks' cores, "
+    "stalling a rank whose threads meet at every operator for the share of it on its cores (all of it for one "
+    "rank of every core, 1/n for n ranks of one core each); a run that recorded no CPU time takes its compute at "
+    "n from another mode's reports of the same machine, else holds it, and says so. ddp's all-reduce is the ring model "
     "(handler/profiling/scaling/comm_model.py; bench.comm checks it) of what its comm hook sends (docs/COMM.md), "
     "fsdp's 1.5 times its gradients (two gathers, one reduce-scatter), hidden "
     "behind backward where it can be; dp's broadcast and gather cross the link "
@@ -118,10 +123,7 @@ def facts(found: dict) -> str:
                if m.get("loader_workers") is not None else
                f"loader workers {m.get('loader_workers_from') or 'not recorded'} (assumed: 1 core per loader)")
     split = found["split"]
-    held = "" if split.gpu or found["mode"] == "dp" else (
-        f"; CPU compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(found['factors'].items()))} measured by "
-        "other reports here, held at the other counts" if found["factors"] else "; CPU compute held at other counts (no other report of "
-        "this machine measured them)")
+    held = "" if split.gpu or found["mode"] == "dp" else _cpu_facts(m, found["factors"])
     comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
     return (f"{found['harness_mode']} ({found['mode_from']}); link {rate}, {link.latency_us:g} us a message "
             f"({link.source}){found['nodes'].says(found['between'])}; {comm}; {cores}; {workers}{held}"
@@ -136,6 +138,16 @@ def _microbatches(found: dict) -> str:
     if pipe.get("microbatches"):
         return f"; pp: {pipe['microbatches']} micro-batches ({found['micro_from']})"
     return f"; pp: {PP_MICROBATCHES} micro-batches (not recorded: the harness default assumed)"
+
+
+def _cpu_facts(m: dict, factors: dict) -> str:
+    """Where a CPU run's compute at other counts came from (scale.cpu_compute's order)."""
+    if m.get("loader_cpu_ms") is not None and cores_of(m):
+        return f"; the cores shared by the ranks and their loaders: {says(m)}"
+    if factors:
+        return (f"; CPU compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(factors.items()))} measured by "
+                f"other reports here, held at the other counts ({says(m)})")
+    return f"; CPU compute held at other counts (no other report of this machine measured them; {says(m)})"
 
 
 def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
@@ -179,7 +191,9 @@ def bounds_legend() -> list[str]:
 
 def lab_section(rows: list[dict]) -> list[str]:
     """The lab page's what-if section (handler/profiling/lab/page.py): per mode, from its report on
-    the fewest GPUs, every count of the matrix beside the measured ones (folder_predictions)."""
+    the fewest GPUs, every count of the matrix beside the measured ones (folder_predictions): the GPU
+    link from the folder's own reports of 2 or more GPUs; a CPU run's cores from its own CPU time, else
+    its compute at n from other modes' reports."""
     lines = ["", "## What-if: the next run, predicted", "", ASSUMPTIONS, "", *bounds_legend(), ""]
     problem, by_mode = folder_predictions(rows)
     if problem:
@@ -266,7 +280,8 @@ def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None
 
 
 def _factors(mode: str, base: dict, splits: dict) -> dict:
-    """A CPU run's compute at other counts, from the other modes of rank-per-process (not dp, not pp)."""
+    """A CPU run's compute at other counts, from the other modes of rank-per-process (not dp, not pp):
+    used where the run recorded no CPU time (scale.cpu_compute)."""
     if base["gpus_ran"] or _mode(mode, base) != "ddp":
         return {}
     others = {m: by for m, by in splits.items() if m != mode and _name(m) not in ("dp", "pp")

@@ -12,6 +12,7 @@ import torch
 from ..runtime import dist, rank0
 from .build import Run, build_run
 from .checkpoint import make_checkpoint, save_atomic
+from ..data.cpu_time import CpuClock
 from .divergence import Diverged, DivergenceGuard, parameters_finite
 from ..runtime.errors import StopRequested, UserError
 from .loop import train_epoch
@@ -56,9 +57,12 @@ def fit(cfg, strategy: Strategy) -> dict:
 def _train(run: Run, epoch: int, first_step: int, stop: StopFlag, guard: DivergenceGuard) -> dict:
     torch.manual_seed(epoch_seed(run.cfg, epoch))
     run.capture.before_epoch(epoch)
+    clock = CpuClock()
     with rank0.progress(run.cfg, len(run.loaders.train), f"epoch {epoch + 1}/{run.cfg.epochs}") as bar:
-        return train_epoch(run.step, run.loaders.train, epoch, run.device, bar, stop=stop, guard=guard,
-                           start_step=first_step)
+        train = train_epoch(run.step, run.loaders.train, epoch, run.device, bar, stop=stop, guard=guard,
+                            start_step=first_step)
+    last = train["stopped_at"] if train["stopped_at"] is not None else len(run.loaders.train)
+    return {**train, "cpu_time": clock.cpu_time(last - first_step, run.device)}
 
 
 def _save_and_stop(run: Run, epoch: int, stopped_at: int, stop: StopFlag) -> None:
@@ -110,7 +114,7 @@ def _epoch_record(epoch, train, val, first_step) -> dict:
     record = {"epoch": epoch, "time_s": train["time_s"], "train_samples": train["samples"],
               "train_loss": train["loss"], "train_acc": train["acc"],
               "images_per_s": train["samples"] / train["time_s"], "data_wait_s": train["data_wait_s"],
-              "phase_s": train["phase_s"], "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
+              "phase_s": train["phase_s"], "cpu_time": train.get("cpu_time"), "val_loss": val["loss"], "val_acc": val["acc"], "val_samples": val["samples"]}
     if first_step:
         record["resumed_at_step"] = first_step  # the epoch's sums cover only the steps after it
     return record

@@ -17,6 +17,9 @@ the summary's `machine` block (docs/PROFILING.md, "What-if"), each fact with whe
   which a container, taskset or Slurm's cgroup narrows below the host's cpu_cores); readers use it
   where recorded, else cpu_cores. A report alone does not record a process's affinity.
 - threads_per_rank: the metrics' env.torch_threads (each rank sets the same count).
+- loader_cpu_ms, rank_cpu_ms: CPU time per step and rank of the loader and of the rank's own
+  threads, from the metrics' epochs[].cpu_time (cores.py), else from the report's scheduling
+  events (sched.py), else None.
 A fact nothing gave is None, and its `_from` says so.
 """
 import re
@@ -25,6 +28,7 @@ from pathlib import Path
 from handler.runtime.names import EPOCH, TEST, VALIDATE
 
 from ..nsys import open_export
+from .sched import cpu_time_for
 
 DATA_WORKER = "pt_data_worker"
 BURST_GAP = 6  # PIDs further apart were not forked in one burst (seen: 1-3 within a burst, 11 and more between)
@@ -49,7 +53,8 @@ def machine_of(export: Path | None, ranks: list[dict], metrics: dict | None = No
             UNKNOWN + ": the run's metrics JSON records the ranks' CPU affinity as env.cpu_cores",
             "loader_workers": workers,
             "loader_workers_from": workers_from, "threads_per_rank": env.get("torch_threads"),
-            "threads_per_rank_from": "metrics env.torch_threads" if env.get("torch_threads") else UNKNOWN}
+            "threads_per_rank_from": "metrics env.torch_threads" if env.get("torch_threads") else UNKNOWN,
+            **cpu_time_for(export, ranks, metrics)}
 
 
 def _read(export: Path | None) -> tuple[int | None, dict | None]:

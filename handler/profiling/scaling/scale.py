@@ -1,11 +1,13 @@
 """Each part of a split step (step.py) scaled to n GPUs (or CPU processes), per mode.
 
 - the wait for data: the loaders' cores. Each process's loader uses its workers' cores (1, the
-  rank's own thread, without workers); n processes use n times that, up to the host's cores
-  (machine.py): past them the wait stops shrinking. dp (one process) keeps it; on a CPU run the
-  loaders and the ranks share the same cores, so it stays.
-- the host's work stays; the GPU's busy time splits over the GPUs; on a CPU run the compute of n
-  ranks is what reports of this machine measured at n (`cpu_factors`), else held, and said so.
+  rank's own thread, without workers), beside a core for each rank's main thread, up to the
+  host's cores (cores.py): past them the wait stops shrinking. dp (one process) keeps it; on a
+  CPU run the loaders and the ranks share the same cores, so it stays.
+- the host's work stays; the GPU's busy time splits over the GPUs; on a CPU run the cores are
+  shared by the ranks' compute and the loaders, from the run's own CPU time (cores.py); a run
+  that recorded none takes what other reports of this machine measured at n (`cpu_factors`),
+  else holds it, and says so.
 - communication rides the link: ddp's ring all-reduce (comm_model.exchange_s) of what its comm
   hook sends, hidden behind backward where it can be; dp's broadcast of the parameters and
   gather of the gradients, one GPU to each other in turn; pp none: its stages pass activations
@@ -15,6 +17,7 @@ At the report's own count every term is the measured one, so the step is the mea
 """
 from dataclasses import dataclass
 
+from .cores import cpu_work, gpu_loader_cores
 from .comm_model import exchange_s, line_time, ring_messages, ring_share, step_s
 from .links import BETA, Link, Payload
 from .step import Split, bound_of, step_of
@@ -44,9 +47,18 @@ def link_at(n: int, s: Setting) -> Link:
 
 
 def loader_cores(processes: int, machine: dict) -> float:
-    per = max(1.0, machine.get("loader_workers") or 1.0)
-    cores = machine.get("cpu_cores")
-    return min(processes * per, cores) if cores else processes * per
+    """The cores a GPU run's loaders get beside the ranks' main threads (cores.py)."""
+    return gpu_loader_cores(processes, machine)
+
+
+def cpu_compute(split: Split, n: int, s: Setting) -> float:
+    """A CPU run's cores term at n ranks: from its own CPU time where the run recorded it (cores.py),
+    else the factor other reports of the machine measured at n (`cpu_factors`), else held; whatif.facts
+    says which."""
+    if n == split.processes or s.mode == "dp":
+        return split.busy
+    shared = cpu_work(split, n, s.machine)
+    return shared if shared is not None else split.busy * s.cpu_factors.get(n, 1.0)
 
 
 def comm_at(split: Split, n: int, s: Setting) -> float:
@@ -103,8 +115,7 @@ def predict(split: Split, n: int, s: Setting) -> dict:
         work = {"host": split.host, "device": split.busy * own / n}
     else:
         wait = split.wait  # dp on a CPU is one process at any count: nothing of it changes
-        factor = s.cpu_factors.get(n, 1.0) if n != own and s.mode != "dp" else 1.0
-        work = {"cores": split.busy * factor}
+        work = {"cores": cpu_compute(split, n, s)}
     link = split.exposed
     if s.mode == "pp":  # its first stage loads every batch; the stages' work follows the bubble
         wait, ratio = split.wait, max(pipeline_ratio(split, n), own / n)  # the work alone, spread over n stages

@@ -6,6 +6,8 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+import pytest
+
 from handler.profiling.scaling.machine import machine_of
 from tests.nsys_helpers import REAL_EXPORTS, REPO
 from tests.profiling.scale_inputs import DALI_CPU
@@ -82,3 +84,34 @@ def test_without_named_passes_the_bursts_alone_give_the_workers(tmp_path):
                             "WHERE id = textId)) IN ('validate', 'test')")
     found = machine_of(bare, RANKS)
     assert found["loader_workers"] == 2 and found["loader_workers_from"].endswith("(one per pass, the ranks in step)")
+
+
+RANK_MAIN, WORKER, NSYS, DALI = 282001714215862, 282006210509744, 282002553076441, 282001714216000  # 31396, 31664, 31446
+
+
+def test_a_report_without_cpu_time_in_its_metrics_gives_it_from_the_schedulers_events(tmp_path):
+    """nsys' SCHED_EVENTS (the kit's captures sample the CPU): each thread's time on a core inside the ranks'
+    epoch ranges (epoch 0 of the two ranks spans 1.53-10.44 s here), split into the loader's and the rank's."""
+    copy = tmp_path / "sched.sqlite"
+    shutil.copyfile(WORKERS_RUN, copy)
+    events = [(2.0e9, 1, RANK_MAIN), (3.0e9, 0, RANK_MAIN),  # 1 s of the rank's main thread, inside epoch 0
+              (10.4e9, 1, RANK_MAIN), (11.0e9, 0, RANK_MAIN),  # 35.47 ms of it before epoch 0's range ends
+              (5.0e9, 1, WORKER), (5.5e9, 0, WORKER),  # a DataLoader worker: the loader's
+              (6.0e9, 1, DALI), (6.2e9, 0, DALI),  # a DALI thread of the rank: the loader's
+              (2.0e9, 1, NSYS), (9.0e9, 0, NSYS)]  # nsys' own thread: neither
+    with closing(sqlite3.connect(copy)) as db:
+        db.execute("CREATE TABLE SCHED_EVENTS (start INTEGER NOT NULL, cpu INTEGER NOT NULL, isSchedIn INTEGER NOT "
+                   "NULL, globalTid INTEGER)")
+        db.executemany("INSERT INTO SCHED_EVENTS VALUES (?, 0, ?, ?)", [(int(t), i, g) for t, i, g in events])
+        db.execute("INSERT INTO StringIds (id, value) VALUES (100000, '[DALI][TP0]')")
+        db.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (100000, 0, ?)", (DALI,))
+        db.commit()
+    ranks = [{**r, "loop": {"steps": 10}} for r in RANKS]
+    found = machine_of(copy, ranks)
+    assert found["rank_cpu_ms"] == pytest.approx((1000 + 35.469784) / 20)
+    assert found["loader_cpu_ms"] == pytest.approx((500 + 200) / 20)
+    assert found["cpu_time_from"].startswith("report: nsys SCHED_EVENTS")
+    recorded = machine_of(copy, ranks, {"epochs": [{"cpu_time": {"loader_ms_per_step": 3.0, "rank_ms_per_step": 9.0}}]})
+    assert (recorded["loader_cpu_ms"], recorded["rank_cpu_ms"]) == (3.0, 9.0)  # the run's own, where it wrote them
+    bare = machine_of(WORKERS_RUN, ranks)
+    assert bare["loader_cpu_ms"] is None and "no nsys scheduling events in the report" in bare["cpu_time_from"]

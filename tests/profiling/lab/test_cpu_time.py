@@ -1,0 +1,89 @@
+"""Each epoch's CPU time in the metrics JSON (handler/data/cpu_time.py, docs/METRICS.md): the
+rank's own and its loader's, read from the process and from /proc, never estimated."""
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from handler.data import cpu_time
+from tests.conftest import PROCESSES, read_metrics
+
+
+class Busy(Dataset):
+    """Items that cost the worker CPU time."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        x = torch.zeros(64, 64)
+        until = time.process_time() + 0.02
+        while time.process_time() < until:
+            x = x + 1.0
+        return x[0, 0]
+
+
+@pytest.mark.parametrize("mode", ["ddp", "ddp_dali"])
+def test_a_real_runs_metrics_carry_each_epochs_cpu_time_per_step_and_rank(mode, two_epoch_run):
+    _, folder = two_epoch_run(mode)
+    m = read_metrics(folder / "metrics.json")
+    cores = m["env"]["cpu_cores"]
+    for e in m["epochs"]:
+        c = e["cpu_time"]
+        assert c["ranks"] == PROCESSES[mode] and c["steps"] > 0
+        assert c["rank_ms_per_step"] > 0 and c["loader_ms_per_step"] >= 0
+        assert c["loader_ms_per_step"] == pytest.approx(c["workers_ms_per_step"] + c["dali_ms_per_step"])
+        # what the ranks' processes spent cannot exceed the cores they share over the epoch's wall time
+        spent = (c["rank_ms_per_step"] + c["dali_ms_per_step"]) * c["steps"] * c["ranks"] / 1e3
+        assert spent <= e["time_s"] * cores * 1.1 + 0.05
+        assert "process_time" in c["from"]
+    if mode == "ddp" and m["config"]["workers"]:
+        assert all(e["cpu_time"]["workers_ms_per_step"] > 0 for e in m["epochs"])  # its DataLoader workers
+    if mode == "ddp_dali":
+        assert all(e["cpu_time"]["workers_ms_per_step"] == 0 for e in m["epochs"])  # DALI forks no worker
+
+
+@pytest.mark.parametrize("finish", ["alive", "joined"])
+def test_the_dataloader_workers_cpu_time_is_the_loaders_whether_they_live_or_were_joined(finish):
+    clock = cpu_time.CpuClock()
+    loader = DataLoader(Busy(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    batches = iter(loader)
+    for _ in range(len(loader)):
+        next(batches)
+    if finish == "joined":
+        assert next(batches, None) is None  # the iterator ends: its workers are joined
+        assert not cpu_time.workers()
+    rank_s, workers_s, dali_s = clock.read()
+    assert workers_s >= 0.1  # 8 items of 20 ms each, less a tick a worker
+    assert dali_s == 0.0
+
+
+def test_a_thread_named_as_dalis_counts_as_the_loader_not_the_rank():
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("reads Linux's /proc")
+    started, done = threading.Event(), threading.Event()
+
+    def pool_thread():
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("[DALI][TP0]")
+        started.set()
+        until = time.thread_time() + 0.2
+        while time.thread_time() < until:
+            pass
+        done.wait()
+
+    thread = threading.Thread(target=pool_thread)
+    clock = cpu_time.CpuClock()
+    thread.start()
+    started.wait()
+    while sum(cpu_time.dali_threads().values()) < 0.15:
+        time.sleep(0.01)
+    rank_s, workers_s, dali_s = clock.read()
+    done.set()
+    thread.join()
+    assert dali_s >= 0.15
+    assert rank_s < dali_s  # the burn is the DALI thread's, taken out of the rank's own
+    assert workers_s == 0.0
