@@ -5,6 +5,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from handler.compare.__main__ import main, parse_args
 from tests.profiling.test_compare import TINY
 
@@ -17,6 +19,7 @@ def test_the_lab_matrix_is_dp_ddp_and_ddp_dali_at_1_and_2_gpus_by_default():
     assert parse_args(["--lab", "--gpus", "1,2,4"]).counts == "1,2,4"
 
 
+@pytest.mark.slow  # an end-to-end run of 13-17 s: CI's slow step (the main run's 10 minutes)
 def test_a_lab_cell_writes_the_kits_layout_and_the_summary_reads_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     stamp = time.strftime("%Y%m%d_%H%M")

@@ -223,6 +223,7 @@ def test_an_nsys_that_makes_reports_passes_the_probe(nsys_turn):
 
 # --- offline, with the torch the machine has -----------------------------------------------
 
+@pytest.mark.slow  # an end-to-end run of 13-17 s: CI's slow step (the main run's 10 minutes)
 def test_without_an_index_it_goes_offline_with_the_first_python_that_has_torch(tmp_path):
     # Port 9 on loopback: nothing listens, so the index probe fails at once, as offline.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV")}

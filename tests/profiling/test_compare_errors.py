@@ -99,6 +99,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # an end-to-end run of 13-17 s: CI's slow step (the main run's 10 minutes)
 def test_sigterm_stops_the_matrix_and_the_report_says_interrupted(tmp_path):
     out = tmp_path / "report"
     proc = subprocess.Popen([sys.executable, "-m", "handler.compare", "--modes", "ddp", "--counts", "1",

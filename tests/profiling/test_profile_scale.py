@@ -57,6 +57,7 @@ def _tiled(path, copies):
     return path
 
 
+@pytest.mark.slow  # an end-to-end run of 13-17 s: CI's slow step (the main run's 10 minutes)
 def test_bench_profile_scale_quick_runs_old_and_new_side_by_side(tmp_path):
     """bench.profile_scale --quick: sizes 1 and 2, this checkout against HEAD's code (git archive);
     both must print the same summary. Numbers are not timed here."""

@@ -268,6 +268,7 @@ def test_a_cpu_machine_has_no_libcuda_after_the_install():
     assert not list(install.rglob("libcuda.so*")), install
 
 
+@pytest.mark.slow  # an end-to-end run of 13-17 s: CI's slow step (the main run's 10 minutes)
 def test_a_profiled_run_on_a_cpu_machine_prints_no_driver_warning(tmp_path):
     """GPUs not hidden, as a user runs it: torch finds no libcuda and says nothing."""
     cpu_machine_with_nsys()

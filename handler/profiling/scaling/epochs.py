@@ -8,6 +8,7 @@ more than NOISY_SHARE of that median, the base is named noisy, and how far a pre
 it could move is said beside it (`could_move`) instead of one number printed as if it were sure.
 """
 from statistics import median
+from handler.runtime.names import EPOCH
 
 NOISY_SHARE = 0.10  # (slowest - fastest) / median of the epochs used, above which a measured epoch is noisy
 RULE = ("The measured epoch is the median of the complete epochs after the first (the first, the warm-up, is left "
@@ -63,7 +64,7 @@ def epochs_text(epochs: list[int]) -> str:
     if not epochs:
         return "no epoch"
     if len(epochs) == 1:
-        return f"epoch {epochs[0]}"
+        return EPOCH(epochs[0])
     if epochs == list(range(epochs[0], epochs[-1] + 1)):
         return f"epochs {epochs[0]}-{epochs[-1]}"
     return "epochs " + ", ".join(map(str, epochs))
