@@ -23,7 +23,7 @@ from .scaling.epochs import could_move, line as epoch_line
 from .scaling.facts import (GRAD_MB, RESNET18_GRAD_MB, gpus_read, gradients, harness_mode, machine_read, mode_name,
                             nodes_of, pipeline_of, shape_of)
 from .scaling.scale import PP_MICROBATCHES, Setting, cpu_factors, predict
-from .scaling.cores import cores_of, says
+from .scaling.cores import cores_of, cpu_work, efficiency, says
 from .scaling.step import RESOURCES, Split, split_of
 
 from .lab.summary_check import check_summary
@@ -143,7 +143,11 @@ def _microbatches(found: dict) -> str:
 def _cpu_facts(m: dict, factors: dict) -> str:
     """Where a CPU run's compute at other counts came from (scale.cpu_compute's order)."""
     if m.get("loader_cpu_ms") is not None and cores_of(m):
-        return f"; the cores shared by the ranks and their loaders: {says(m)}"
+        measured = (f"; the compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(factors.items()))} of that "
+                    "share, the threads' efficiency other reports here measured (their own loaders taken out)"
+                    if factors else "; no other report here measured the threads' efficiency at other counts: "
+                    "held at x1.00 (n ranks of fewer threads compute as one rank of more)")
+        return f"; the cores shared by the ranks and their loaders: {says(m)}{measured}"
     if factors:
         return (f"; CPU compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(factors.items()))} measured by "
                 f"other reports here, held at the other counts ({says(m)})")
@@ -217,11 +221,13 @@ def folder_predictions(rows: list[dict], counts=COUNTS) -> tuple[str, dict]:
     try:
         summaries = {id(r): _summary_of(r) for r in rows}
         splits: dict[str, dict[int, Split]] = {}
+        machines: dict[str, dict[int, dict]] = {}
         for r in rows:
             try:
                 splits.setdefault(r["mode"], {})[r["gpus"]] = split_of(summaries[id(r)])
             except UserError:
                 continue
+            machines.setdefault(r["mode"], {})[r["gpus"]] = machine_read(r.get("machine") or {})
         link = _folder_link(rows, summaries, splits)
     except Exception as err:  # what the folder's reports say of the machine; never the page
         return (f"No prediction: the what-if could not read the machine from these reports "
@@ -232,7 +238,7 @@ def folder_predictions(rows: list[dict], counts=COUNTS) -> tuple[str, dict]:
         try:
             found = predictions(summaries[id(base)], (*counts, *(r["gpus"] for r in rows if r["mode"] == mode)),
                                 link=link if base["gpus_ran"] else None, mode=mode_name(mode) or _mode(mode, base),
-                                factors=_factors(mode, base, splits))
+                                factors=_factors(mode, base, splits, machines))
             out[mode] = {"base": base, "found": found, "why": ""}
         except UserError as err:
             cut = base.get("incomplete")  # a run cut short before its first epoch ended says so, not "no steps"
@@ -279,13 +285,19 @@ def _folder_link(rows: list[dict], summaries: dict, splits: dict) -> Link | None
     return None
 
 
-def _factors(mode: str, base: dict, splits: dict) -> dict:
+def _factors(mode: str, base: dict, splits: dict, machines: dict | None = None) -> dict:
     """A CPU run's compute at other counts, from the other modes of rank-per-process (not dp, not pp):
-    used where the run recorded no CPU time (scale.cpu_compute)."""
+    where the run recorded its CPU time, the threads' efficiency their reports measured beside the
+    cores model (cores.efficiency, each mode's own loaders taken out); else their compute's ratio
+    (scale.cpu_compute reads either)."""
     if base["gpus_ran"] or _mode(mode, base) != "ddp":
         return {}
     others = {m: by for m, by in splits.items() if m != mode and _name(m) not in ("dp", "pp")
               and all(not s.gpu for s in by.values())}
+    machines = machines or {}
+    if cpu_work(splits[mode][base["gpus"]], base["gpus"], machines.get(mode, {}).get(base["gpus"], {})) is not None:
+        return efficiency({m: {n: (s, machines.get(m, {}).get(n, {})) for n, s in by.items()}
+                           for m, by in others.items()}, base["gpus"])
     return cpu_factors(others, base["gpus"])
 
 

@@ -130,7 +130,7 @@ def test_profiled_slurm_job_without_nsys_fails_in_one_line_before_starting(tmp_p
 def test_a_two_node_job_keeps_every_nodes_gpus_with_its_host_its_model_and_run_and_is_a_valid_summary(job, tmp_path):
     """Before, a merged job's summary had no `gpus` and no model: its what-if predicted a CPU run."""
     from handler.profiling.lab.summary_check import check_summary
-    from handler.profiling.whatif import predictions
+    from handler.profiling.whatif import markdown, predictions
     _, _, reports = job
     metrics = {"config": {"mode": "ddp", "model": "resnet18", "comm_hook": "fp16"}, "model": {"grad_mb": 44.696},
                "env": {"nodes": 2, "cpu_cores": 6, "hosts": {"0": "node1", "1": "node2"}}}
@@ -143,3 +143,7 @@ def test_a_two_node_job_keeps_every_nodes_gpus_with_its_host_its_model_and_run_a
     assert merged["machine"]["cpu_cores"] == 18 and merged["machine"]["rank_cores"] == 6
     found = predictions(check_summary(json.loads(json.dumps(merged)), "77.summary.json"), (2, 4))
     assert found["split"].gpu and found["split"].devices == 2
+    # the what-if reads the job as the user ran it: GPUs, two nodes, its ring across them on the link between
+    assert found["harness_mode"] == "ddp" and found["nodes"].nodes == 2 and found["between"] is not None
+    page = "\n".join(markdown(found, "77.summary.json"))
+    assert "2 GPUs" in page and "CPU process" not in page and "between nodes" in page

@@ -71,9 +71,9 @@ def stall(loader_s: float, n: int, threads: int, cores: int, compute_s: float) -
     return max(0.0, loader_s - spare) * min(threads, max(1.0, cores / n)) / cores
 
 
-def cpu_work(split, n: int, machine: dict) -> float | None:
-    """A CPU run's cores term at n ranks (seconds per step), or None where the run recorded no CPU
-    time or no cores (the caller then says what it did instead)."""
+def cpu_parts(split, n: int, machine: dict) -> tuple[float, float] | None:
+    """A CPU run's cores term at n ranks as (compute, the loaders' stall), seconds per step, or None
+    where the run recorded no CPU time or no cores (the caller then says what it did instead)."""
     cores, loader_ms = cores_of(machine), machine.get("loader_cpu_ms")
     if not cores or loader_ms is None:
         return None
@@ -82,7 +82,34 @@ def cpu_work(split, n: int, machine: dict) -> float | None:
     t0, t = threads_at(own, own, machine), threads_at(n, own, machine)
     held = stall(loader_s, own, t0, cores, split.busy)
     compute = max(split.busy - held, 0.0) * min(own * t0, cores) / min(n * t, cores)
-    return compute + stall(loader_s, n, t, cores, compute)
+    return compute, stall(loader_s, n, t, cores, compute)
+
+
+def cpu_work(split, n: int, machine: dict, efficiency: float = 1.0) -> float | None:
+    """The cores term at n ranks: the compute (times the threads' efficiency at n, `efficiency`)
+    plus the loaders' stall; None as cpu_parts."""
+    parts = cpu_parts(split, n, machine)
+    return None if parts is None else parts[0] * efficiency + parts[1]
+
+
+def efficiency(others: dict, own: int) -> dict[int, float]:
+    """count -> how much more (or less) compute per step n ranks of fewer threads took than the
+    model's share of the cores gives, measured by other modes' reports of this machine, each with
+    its own loaders' stall taken out (1 rank of 2 threads against 2 ranks of 1 thread: intra-op
+    threads that meet at every operator cost more than ranks that meet once a step). others: mode
+    -> count -> (split, machine block); the median over the modes that recorded CPU time."""
+    out = {}
+    for n in sorted({c for by in others.values() for c in by} - {own}):
+        ratios = []
+        for by in others.values():
+            if n not in by or own not in by:
+                continue
+            parts = cpu_parts(by[own][0], n, by[own][1])
+            if parts and parts[0] > 0:
+                ratios.append(max(by[n][0].busy - parts[1], 0.0) / parts[0])
+        if ratios:
+            out[n] = median(ratios)
+    return out
 
 
 def says(machine: dict) -> str:

@@ -53,11 +53,12 @@ def loader_cores(processes: int, machine: dict) -> float:
 
 def cpu_compute(split: Split, n: int, s: Setting) -> float:
     """A CPU run's cores term at n ranks: from its own CPU time where the run recorded it (cores.py),
-    else the factor other reports of the machine measured at n (`cpu_factors`), else held; whatif.facts
-    says which."""
+    its compute times the threads' efficiency other reports of the machine measured at n
+    (`cpu_factors` holds cores.efficiency then); else the factor other reports measured at n
+    (`cpu_factors`), else held; whatif.facts says which."""
     if n == split.processes or s.mode == "dp":
         return split.busy
-    shared = cpu_work(split, n, s.machine)
+    shared = cpu_work(split, n, s.machine, s.cpu_factors.get(n, 1.0))  # factors: cores.efficiency here
     return shared if shared is not None else split.busy * s.cpu_factors.get(n, 1.0)
 
 

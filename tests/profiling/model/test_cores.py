@@ -1,6 +1,8 @@
 """The host's cores as one resource (handler/profiling/scaling/cores.py): a CPU run's ranks and
 loaders share them, from the run's own CPU time; a GPU run's loaders get what the ranks' main
 threads leave. Summaries are built as in test_whatif.py."""
+from dataclasses import replace
+
 import pytest
 
 from handler.profiling import whatif
@@ -67,7 +69,11 @@ def test_a_cpu_run_without_cpu_time_says_what_it_assumed_and_takes_other_reports
     assert by_count(predictions(bare, (1, 2), factors={2: 0.8}))[2]["terms_ms"]["cores"] == pytest.approx(
         CORES_MS * 0.8)
     recorded = whatif.facts(predictions(cpu_run(45.0), (2,), factors={2: 0.8}))
-    assert "loader 45 ms and rank 1400 ms of CPU a step per rank" in recorded and "x0.80" not in recorded
+    # with the run's own CPU time, other reports give only the threads' efficiency at n, on the compute alone
+    assert "loader 45 ms and rank 1400 ms of CPU a step per rank" in recorded
+    assert "x0.80 of that share, the threads' efficiency other reports here measured" in recorded
+    held, eff = (by_count(predictions(cpu_run(45.0), (1, 2), factors=f))[2]["terms_ms"]["cores"] for f in ({}, {2: 0.8}))
+    assert eff < held  # the stall stays whole: only the compute is scaled
 
 
 def test_the_machine_block_takes_the_median_cpu_time_of_the_epochs_after_the_first():
@@ -93,3 +99,17 @@ def test_the_tas_4_gpu_ddp_cell_is_within_10_percent_once_the_ranks_main_threads
         assert abs(cells[n]["epoch_s"] - seen) / seen <= 0.10, (n, cells[n]["epoch_s"], seen)
     # 4 ranks' main threads leave 12 of 16 cores to 16 workers: the wait shrinks 3x, not 4x
     assert cells[4]["terms_ms"]["loader"] == pytest.approx(cells[1]["terms_ms"]["loader"] / 3)
+
+
+def test_the_threads_efficiency_is_read_from_other_modes_with_their_own_loaders_taken_out():
+    """A folder of CPU reports: one mode's measured compute at 2 ranks over what the cores model gives
+    from its 1-rank report is the machine's; a mode whose loader stalls more is not read as slower threads."""
+    from handler.profiling.scaling.cores import cpu_parts, efficiency
+    from handler.profiling.scaling.step import split_of
+    base, machine = split_of(cpu_run(2.0)), {**TWO_CORES, "loader_cpu_ms": 2.0}
+    compute, stall = cpu_parts(base, 2, machine)
+    at_two = split_of({**cpu_run(2.0), "ranks": [dict(cpu_run(2.0)["ranks"][0], rank=r) for r in (0, 1)]})
+    scale = (0.8 * compute + stall) / at_two.busy  # a measured 2-rank run whose compute took 0.8 of the model's
+    two = replace(at_two, busy=at_two.busy * scale)
+    assert efficiency({"other": {1: (base, machine), 2: (two, machine)}}, 1) == {2: pytest.approx(0.8)}
+    assert efficiency({"other": {1: (base, machine)}}, 1) == {}
