@@ -2,7 +2,7 @@
 measured one: the what-if model (handler/profiling/whatif.py) checked by the matrix.
 
 One path with the comparison's lab page: each profiled cell's summary JSON becomes the lab page's
-row (lab/page.py summary_row) and the predictions are the lab page's (whatif.folder_predictions):
+row (lab/page.py summary_row) and the predictions are the lab page's (lab/whatif_folder.py):
 the same base, link, CPU factors and measured epoch (scaling/epochs.py), so report.md and
 lab/lab.md print the same numbers cell by cell. Where the base's measured epoch is noisy, each
 prediction carries how far it could move (epochs.could_move).
@@ -11,7 +11,8 @@ from statistics import median
 
 from ..profiling.lab.page import summary_row
 from ..profiling.scaling.epochs import could_move, line as epoch_line
-from ..profiling.whatif import ASSUMPTIONS, COUNTS, folder_predictions
+from ..profiling.lab.whatif_folder import folder_predictions
+from ..profiling.whatif import ASSUMPTIONS, COUNTS
 from ..profiling.whatif import gradient_mb as whatif_gradient_mb
 
 

@@ -26,7 +26,7 @@ from ..scaling.epochs import RULE as EPOCH_RULE, of_summary, short as epoch_note
 from ..scaling.links import hook_of
 from ..scaling.machine import machine_of
 from ..scaling.step import bound_of, own_terms, split_of, step_of
-from ..whatif import lab_section
+from .whatif_folder import lab_section
 from .summary_check import check_summary
 from ..scaling.run_facts import run_block
 from .cells import metrics_beside
@@ -169,7 +169,7 @@ def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
 def summary_row(summary: dict, entry: dict, machine: dict, metrics: dict | None) -> dict:
     """A report's row of the page from its summary: {"report", "mode", "gpus", "model"} of `entry`, the
     machine block and the run's metrics. handler.compare builds its rows here too (from each cell's
-    summary JSON), so both pages measure and predict a cell alike (whatif.folder_predictions)."""
+    summary JSON), so both pages measure and predict a cell alike (whatif_folder.folder_predictions)."""
     ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
     gpus = entry["gpus"] or ran_gpus or processes
     unit = "GPU" if ran_gpus else "CPU process"

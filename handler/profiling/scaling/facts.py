@@ -4,6 +4,7 @@ the machine block's `rank_cores`. An older summary without them is read as befor
 shape, its file name, the model's table, the host's cores), and the first line says so.
 """
 import dataclasses
+import math
 from pathlib import Path
 
 from handler.runtime.errors import UserError
@@ -108,8 +109,8 @@ class Nodes:
             return ""
         said = (f"; {self.nodes} node{'s' * (self.nodes > 1)} of {self.per_node} ({self.from_}): counts past "
                 f"{self.per_node} span nodes")
-        return said + (f", their ring bound by the link between nodes, {between.gbit:.3g} Gbit/s ({between.source})"
-                       if between else "")
+        rate = "unbounded" if math.isinf(between.gbit) else f"{between.gbit:.3g} Gbit/s" if between else ""
+        return said + (f", their ring bound by the link between nodes, {rate} ({between.source})" if between else "")
 
 
 def nodes_of(summary: dict, split: Split, per_node: int = 0) -> Nodes:

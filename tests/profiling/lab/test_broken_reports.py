@@ -15,7 +15,7 @@ from handler.profiling.analysis import summarize
 from handler.profiling.lab.cells import lab_reports
 from handler.profiling.lab.page import write_lab
 from handler.profiling.trace import load_trace
-from handler.profiling.whatif import lab_section
+from handler.profiling.lab.whatif_folder import lab_section
 from tests.nsys_helpers import REPO, require_nsys
 
 DATA = REPO / "tests" / "data" / "nsys"

@@ -174,7 +174,7 @@ def test_compares_report_and_its_lab_page_print_the_same_cells_and_both_name_a_n
 @pytest.mark.parametrize("times, noisy", [(NOISY, True), (QUIET, False)])
 def test_the_lab_pages_what_if_and_compares_report_name_the_noisy_base_and_only_it(tmp_path, times, noisy):
     from handler.profiling.lab.page import summary_row
-    from handler.profiling.whatif import lab_section
+    from handler.profiling.lab.whatif_folder import lab_section
     one, two = summary(times), summary([12.0, 6.0, 6.0, 6.0])
     rows = [summary_row(s, {"report": s["report"], "mode": "ddp", "gpus": n}, {}, None) for n, s in ((1, one), (2, two))]
     section = "\n".join(lab_section(rows))

@@ -16,6 +16,7 @@ from handler.compare.report import write_report
 from handler.compare.results import build_rows
 from handler.compare.runner import Outcome
 from handler.profiling import whatif
+from handler.profiling.lab import whatif_folder
 from handler.profiling.scaling.links import POWERSGD_MB, Link
 from handler.profiling.scaling.step import Split
 from handler.profiling.whatif import predictions
@@ -118,7 +119,7 @@ def test_a_cpu_runs_compute_comes_from_rank_per_process_modes_only_whatever_thei
     splits = {"ddp": {1: cpu(1.0)}, "ddp_dali": {1: cpu(1.0), 2: cpu(0.7)},
               "dp+amp": {1: cpu(1.0), 2: cpu(1.0)}, "pp [2 stages]": {1: cpu(1.0), 2: cpu(1.0)}}
     base = {"gpus_ran": 0, "gpus": 1, "processes": 1}
-    assert whatif._factors("ddp", base, splits) == {2: pytest.approx(0.7)}
+    assert whatif_folder._factors("ddp", base, splits) == {2: pytest.approx(0.7)}
 
 
 def test_each_cell_names_the_resource_that_bounds_it():
@@ -384,7 +385,7 @@ def test_the_lab_page_section_predicts_each_mode_from_its_report_on_the_fewest_g
     rows = [{"mode": "ddp", "gpus": n, "epoch_s": s["overall"]["epoch_mean_s"], "ranks": s["ranks"],
              "gpu_table": s["gpus"], "report": s["report"], "processes": n, "gpus_ran": n}
             for n, s in ((1, TA_DDP_1GPU), (2, summary(ranks=2, step_ms=180.2, inside_ms=33.0, busy_ms=51.7)))]
-    lines = whatif.lab_section(rows)
+    lines = whatif_folder.lab_section(rows)
     assert "## What-if: the next run, predicted" in lines and whatif.ASSUMPTIONS in lines
     two = next(line for line in lines if line.startswith("| 2 GPUs |"))
     assert two.startswith("| 2 GPUs | 17.95 | ") and "| 17.66 | +2 % |" in two

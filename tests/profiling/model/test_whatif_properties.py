@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from handler.compare.predict import add_predictions
 from handler.compare.results import build_rows
 from handler.profiling import whatif
+from handler.profiling.lab import whatif_folder
 from handler.profiling.lab.page import verdict
 from handler.profiling.lab.summary_check import check_summary
 from handler.profiling.scaling.links import Link
@@ -185,7 +186,7 @@ def test_the_cli_the_lab_page_and_compare_give_the_same_numbers(summary):
     for n, epoch in cli.items():
         assert any(line.startswith(f"| {whatif.devices(n, found['split'].gpu)}") and f"| {epoch} |" in line
                    for line in table)
-    lab = "\n".join(whatif.lab_section([lab_row(summary, mode)]))
+    lab = "\n".join(whatif_folder.lab_section([lab_row(summary, mode)]))
     for n, epoch in cli.items():
         assert f"| {whatif.devices(n, found['split'].gpu)}" in lab and f"| {epoch} |" in lab, (n, epoch)
     bigger = [n for n in (2, 4, 8) if n > own]
