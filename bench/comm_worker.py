@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from bench.common import fixed_batches, make_optimizer
+from handler.runtime.errors import OneLineParser
 from handler.DDP.comm_hook import CommHook
 from handler.DDP.options import CommOptions
 from handler.DDP.model import no_buffer_sync
@@ -188,7 +189,7 @@ def cells_arg(text: str) -> list:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.comm_worker", description=(__doc__ or "").partition("\n")[0])
+    p = OneLineParser(prog="python -m bench.comm_worker", description=(__doc__ or "").partition("\n")[0])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--master", required=True, help="rank 0's host name or address")

@@ -13,6 +13,7 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Optional, Union
 
+from handler.runtime.errors import OneLineParser
 from handler.runtime.cpu_memory import keep_freed_memory
 from handler.compare.provenance import hardware, now, versions
 
@@ -27,7 +28,7 @@ def parser(doc: Optional[str]) -> argparse.ArgumentParser:
     """--quick (seconds, for tests: numbers are not meaningful) and --json PATH.
     `doc` is the script's docstring, None under python -OO."""
     doc = doc or ""
-    p = argparse.ArgumentParser(description=doc.strip().partition("\n")[0],
+    p = OneLineParser(description=doc.strip().partition("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     p.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds; for smoke tests")
     p.add_argument("--json", type=Path, help="also write the results JSON here")

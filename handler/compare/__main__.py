@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from ..modes import MODES, option_choices
 from ..profiling.lab.page import write_cells_lab
 from ..runtime.devices import cuda_status
-from ..runtime.errors import UserError, one_line_errors
+from ..runtime.errors import OneLineParser, UserError, one_line_errors
 from ..runtime.out_folder import check_out_folder
 from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, sweep_hooks
 from .plots import write_plots
@@ -48,7 +48,7 @@ LAB_MODES = ("dp", "ddp", "ddp_dali")  # the course kit's modes, in its order
 
 def parse_args(argv):
     runner_argv, train_argv = _split_at_dashes(argv)
-    p = argparse.ArgumentParser(prog=PROG, usage=f"{PROG} [options] [-- train_cifar.py args]",
+    p = OneLineParser(prog=PROG, usage=f"{PROG} [options] [-- train_cifar.py args]",
                                 description=(__doc__ or "").partition("\n")[0].split(":")[0] + ".",
                                 epilog="\n".join((__doc__ or "").splitlines()[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from handler.runtime.errors import UserError, one_line_errors
+from handler.runtime.errors import OneLineParser, UserError, one_line_errors
 from handler.runtime.names import EPOCH
 from handler.runtime.out_folder import check_out_folder
 
@@ -34,7 +34,7 @@ from .trace import load_trace
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m handler.profiling.report", description=(__doc__ or "").split("\n")[0])
+    parser = OneLineParser(prog="python -m handler.profiling.report", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("report", type=Path, nargs="+",
                         help=".nsys-rep from nsys profile (or its .sqlite export); several, or a folder of them, "
                              "for one summary of a job profiled per node")

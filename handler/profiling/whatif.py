@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from handler.runtime.errors import UserError, one_line_errors
+from handler.runtime.errors import OneLineParser, UserError, one_line_errors
 
 from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
                             parse_link, payload)
@@ -268,7 +268,7 @@ def _summary_json(path: Path):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m handler.profiling.whatif", description=(__doc__ or "").split("\n")[0])
+    p = OneLineParser(prog="python -m handler.profiling.whatif", description=(__doc__ or "").split("\n")[0])
     p.add_argument("summary", type=Path, help="a .summary.json from python -m handler.profiling.report")
     p.add_argument("--gpus", default=",".join(map(str, COUNTS)), help="counts to predict (default 1,2,4,8)")
     p.add_argument("--link", help="RATE,LATENCY (Gbit/s, microseconds per message), or Y.summary.json: a report of "

@@ -1,4 +1,5 @@
 """User-facing failures: one line that names the problem and the fix, never a traceback."""
+import argparse
 import os
 import signal
 import sys
@@ -50,3 +51,11 @@ def one_line_errors(prefix: str = "error"):
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does on SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         sys.exit(128 + signal.SIGPIPE)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, whose bad option (an unknown flag, a missing value) is one line naming it and --help,
+    exit 2, instead of the usage block: the rule every entry point keeps (docs/FAILURES.md)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")

@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from contextlib import closing, redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -322,3 +324,14 @@ def test_another_programs_sqlite_taken_as_a_reports_export_says_to_move_it_away(
     assert line.startswith(f"report: {tmp_path / 'ddp_1gpu.sqlite'} is an SQLite database but not an nsys export (")
     assert line.endswith("it is taken as that report's export; move it away, and the report exports ddp_1gpu.nsys-rep "
                          "afresh") and "pass the .nsys-rep" not in line
+
+
+@pytest.mark.parametrize("module", ["handler.profiling.report", "handler.profiling.whatif", "handler.compare",
+                                    "bench.cores_matrix"])
+def test_an_unknown_flag_or_a_missing_argument_is_one_line_naming_it_not_the_usage_block(module):
+    for argv in (["--bogus"], []) if module.startswith("handler.profiling") else (["--bogus"],):  # the others run bare
+        done = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert ("--bogus" in lines[0] or "required" in lines[0]) and lines[0].endswith("(see --help)")
