@@ -26,6 +26,7 @@ from .scaling.scale import PP_MICROBATCHES, Setting, predict
 from .scaling.cores import cores_of, says
 from .scaling.step import RESOURCES, Split, split_of
 
+from .lab.metrics_file import read_json
 from .lab.summary_check import check_summary
 from .nsys import REPORT_SUFFIXES
 
@@ -251,20 +252,7 @@ def _summary_json(path: Path):
     if path.suffix in (".sqlite", *REPORT_SUFFIXES):
         raise UserError(f"{path} is an nsys report, not its summary; {SUMMARISE} {path}, then pass the "
                         ".summary.json it writes")
-    try:
-        text = path.read_bytes().decode()
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist; {fix}") from None
-    except OSError as err:
-        raise UserError(f"{path} cannot be read ({err.strerror}); check its permissions, or {fix}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not text (a binary file); {fix}") from None
-    if not text.strip():
-        raise UserError(f"{path} is empty; {fix}")
-    try:
-        return json.loads(text)
-    except ValueError as err:
-        raise UserError(f"{path} is not JSON ({err}): damaged or cut off; {fix}") from None
+    return read_json(path, str(path), fix)
 
 
 def main(argv=None) -> int:

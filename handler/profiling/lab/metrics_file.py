@@ -53,24 +53,30 @@ def metrics_problem(data) -> str | None:
     return None
 
 
+def read_json(path: Path, name: str, fix: str):
+    """The JSON at path (`name` says it in the error: "metrics file X", or the path); UserError naming
+    what is wrong with the file and `fix`. The what-if's summary and the report's metrics read through it."""
+    try:
+        text = path.read_bytes().decode()
+    except FileNotFoundError:
+        raise UserError(f"{name} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise UserError(f"{name} is a folder; {fix}") from None
+    except OSError as err:
+        raise UserError(f"{name} cannot be read ({err.strerror}); check its permissions, or {fix}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{name} is not text (a binary file); {fix}") from None
+    if not text.strip():
+        raise UserError(f"{name} is empty; {fix}")
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise UserError(f"{name} is not JSON ({err}): damaged or cut off; {fix}") from None
+
+
 def read_metrics(path: Path, fix: str = "pass the metrics JSON the run wrote (<name>.metrics.json) with --metrics") -> dict:
     """The metrics JSON at path; UserError naming it, what is wrong and fix when it cannot be used."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"metrics file {path} does not exist; {fix}") from None
-    except IsADirectoryError:
-        raise UserError(f"metrics file {path} is a folder; {fix}") from None
-    except OSError as err:
-        raise UserError(f"metrics file {path} cannot be read ({err.strerror}); {fix}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"metrics file {path} is not text (a binary file: a report or a checkpoint?); {fix}") from None
-    if not text.strip():
-        raise UserError(f"metrics file {path} is empty; {fix}")
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise UserError(f"metrics file {path} is not JSON ({err}): damaged or cut off; {fix}") from None
+    data = read_json(path, f"metrics file {path}", fix)
     if problem := metrics_problem(data):
         raise UserError(f"metrics file {path} {problem}; {fix}")
     return data
