@@ -14,7 +14,7 @@ from .bubble import pipeline_stats
 from .devices import gpu_table
 from .scaling.epochs import contract, of_ranks
 from .comm import comm_stats, first_comm_starts, stragglers
-from .conventions import library_of
+from .conventions import library_of, unmatched_phases
 from .gpu_metrics import device_map, summarize_metrics
 from .gpu_view import gpu_stats, pipeline_threads
 from .scaling.run_facts import run_block
@@ -40,6 +40,7 @@ def summarize(trace: Trace, metrics: dict | None = None, report=None) -> dict:
     summary["comm_config"] = comm_config(metrics)
     summary["model"] = ((metrics or {}).get("config") or {}).get("model")  # its gradients' size (whatif.GRAD_MB)
     summary["convention"] = trace.convention
+    summary["phases_unmatched"] = unmatched_phases(trace.convention, ranks)  # one line on the page, or None
     summary["gpus"] = gpu_table(trace)
     summary["incomplete"] = incomplete(ranks)
     summary["run"] = run_block(summary, metrics, report)

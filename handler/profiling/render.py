@@ -84,7 +84,9 @@ def markdown(summary: dict, title: str) -> str:
                       f"Their times from the metrics JSON: {outside}. {numbering}" if outside else numbering,
                       *_epoch_table(ranks))
     lines += _section("Training batches",
-                      "Phase shares are of summed batch time; data-stall is time waiting for the loader.",
+                      "Phase shares are of summed batch time; data-stall is time waiting for the loader."
+                      + (f" **Phases not read**: {summary['phases_unmatched']}." if summary.get("phases_unmatched")
+                         else ""),
                       ["rank", "batches", "mean ms", "p50 ms", "p95 ms", "p99 ms",
                        *(LABELS.get(p, p) for p in PHASES), "other"],
                       [_batch_row(r) for r in ranks])

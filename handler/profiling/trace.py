@@ -214,6 +214,11 @@ def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[
         elif text:
             ranges.setdefault(pid, []).append(Range(convention.canonical(text) or _unnamed(text), start, end, tid,
                                                     domain, closed))
+    if convention.epoch is not None and not convention.epoch.groups:  # `--ranges epoch='Train'`: in order
+        for pid, own in ranges.items():
+            epochs = iter(range(len(own)))
+            ranges[pid] = [replace(r, name=EPOCH(next(epochs))) if r.name == EPOCH(0) else r
+                           for r in sorted(own, key=lambda r: r.start)]
     if convention.epoch is None:  # steps only: each process's steps are epoch 0
         for own in ranges.values():
             steps = [r for r in own if BATCH.match(r.name) and r.closed]
