@@ -54,7 +54,7 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
             arrivals[rank] = {step: at + offset for step, at in steps.items()}
         reports.append({"report": name, "hosts": sorted({r["host"] or "?" for r in summary["ranks"]}),
                         "ranks": [r["rank"] for r in summary["ranks"]], "clock_offset_ns": offset,
-                        "session_start_utc": started, "machine": machine_of(export, summary["ranks"], metrics)})
+                        "session_start_utc": started, "machine": machine_of(export, summary["ranks"], metrics, trace.processes)})
         sources.add(summary["rank_source"])
         hosts = {r["host"] for r in summary["ranks"]}
         host = hosts.pop() if len(hosts) == 1 else None  # a node's GPUs are its report's: one host

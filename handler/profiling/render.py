@@ -4,6 +4,7 @@ from handler.runtime.names import DATA, DATA_GPU, OUTSIDE_TRAINING, PHASES
 from .analysis import GPU_PHASES
 from .bubble import markdown_lines
 from .scaling.epochs import line as measured_line, of_summary
+from .scaling.machine import machine_line
 
 NA = "n/a"
 LABELS = {DATA: "data-stall"}  # waiting for the loader is what the data phase measures
@@ -75,7 +76,8 @@ def markdown(summary: dict, title: str) -> str:
     lines = [f"# Profile: {title}", "",
              f"{len(ranks)} rank(s), ranks from {summary['rank_source']}; {trace}; "
              f"ranges read by the {convention} naming convention (docs/PROFILING.md).", "",
-             f"`{one_line(summary)}`", "", *run_line(summary.get("run"))]
+             f"`{one_line(summary)}`", "", *run_line(summary.get("run")),
+             *([line, ""] if (line := machine_line(summary.get("machine"))) else [])]
     window = summary.get("capture_window") or {}
     outside = ", ".join(f"{o['epoch']}: {num(o['metrics_s'])} s" for o in window.get("outside") or [])
     numbering = ("Epochs count from 0, as NVTX and --profile-epochs do; the console's epoch line shows N+1. "

@@ -113,8 +113,9 @@ def main(argv=None) -> None:
     metrics = load_metrics(args.metrics) if args.metrics else None
     if len(reports) == 1:
         export = sqlite_export(reports[0], out_dir)
-        analysis = summarize(load_trace(export, convention), metrics, report=reports[0])
-        analysis["machine"] = machine_of(export, analysis["ranks"], metrics)
+        trace = load_trace(export, convention)
+        analysis = summarize(trace, metrics, report=reports[0])
+        analysis["machine"] = machine_of(export, analysis["ranks"], metrics, trace.processes)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
         name, title, extra = reports[0].stem, reports[0].name, []
         recorded = recorded_version(reports[0])

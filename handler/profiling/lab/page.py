@@ -163,7 +163,7 @@ def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
     trace = load_trace(sqlite, convention)
     summary = summarize(trace, report=entry["report"])  # metrics as data only: summarize's hook defaults import torch
     summary["run"] = run_block(summary, metrics, entry["report"])  # the run's own facts from its metrics first
-    return summary_row(summary, entry, machine_of(sqlite, summary["ranks"], metrics), metrics), trace
+    return summary_row(summary, entry, machine_of(sqlite, summary["ranks"], metrics, trace.processes), metrics), trace
 
 
 def summary_row(summary: dict, entry: dict, machine: dict, metrics: dict | None) -> dict:

@@ -1,89 +1,146 @@
+# pyright: strict
 """A report's CPU time by thread, from what nsys recorded of the scheduler (`SCHED_EVENTS`: each
 thread scheduled in and out of a core, recorded with `--cpuctxsw=process-tree`, the default
 where nsys samples the CPU, as the course kit's `nsys profile --trace=...` does): the
 `machine` block's loader_cpu_ms and rank_cpu_ms for a report whose run wrote no `cpu_time`
-(cores.py). Only the time inside the ranks' closed `epoch N` ranges counts, as in the metrics.
+(cores.py). Only the time inside the ranks' closed epochs counts, as in the metrics: the epochs
+of whichever convention read the report (the trace's own, `epoch_windows`), never names matched again.
 
 - loader: DALI's threads in a rank (named `[DALI]...`) and the DataLoader's worker processes
-  (a process with a thread named `pt_data_worker`);
+  (workers.py: named `pt_data_worker`, or read from the process tree);
 - rank: every other thread of a rank's process.
 Per step and rank: the sums over the ranks' steps of their closed epochs.
+
+The events move as columns (sql_columns.read_columns), never a Python object per row: a thread's
+time on a core is each `in` event followed by its `out`. What cannot be placed is counted and said
+in one line (`sched_line`): events outside every epoch, of no thread (globalTid NULL, as nsys'
+schema allows), of other processes. A table without the columns nsys writes, or an empty one, is
+`not recorded`, saying which.
 """
-import sqlite3
-from contextlib import closing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
 
 from handler.runtime.names import EPOCH
 
-from .cores import cpu_time_of
+from ..nsys import open_export
+from ..sql_columns import read_columns
+from ..trace import Process
+from .cores import cpu_time_of as _cpu_time_of  # pyright: ignore[reportUnknownVariableType] (cores.py: loose types)
+from .workers import LoaderProcesses, columns
 
-DATA_WORKER, DALI_THREAD = "pt_data_worker", "[DALI]"
-
-
-def _pid(tid: int) -> int:
-    return (tid >> 24) & 0xFFFFFF
-
-
-def report_cpu_time(export: Path | None, ranks: list[dict]) -> dict | None:
-    """{loader_cpu_ms, rank_cpu_ms, cpu_time_from}, or None where the report holds no scheduling events."""
-    if export is None:
-        return None
-    pids = {r.get("pid") for r in ranks}
-    steps = sum(((r.get("loop") or {}).get("steps") or 0) for r in ranks)
-    with closing(sqlite3.connect(f"file:{export}?mode=ro", uri=True)) as db:
-        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if not {"SCHED_EVENTS", "NVTX_EVENTS", "ThreadNames", "StringIds"} <= tables or not steps:
-            return None
-        windows = _merged([(start, end) for start, end, text, tid in db.execute(
-            "SELECT n.start, n.end, COALESCE(n.text, s.value), n.globalTid FROM NVTX_EVENTS n "
-            "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.end IS NOT NULL")
-            if text and EPOCH.match(text) and _pid(tid) in pids])
-        names = dict(db.execute("SELECT t.globalTid, s.value FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId"))
-        workers = {_pid(tid) for tid, name in names.items() if name == DATA_WORKER}
-        spent = {"loader": 0, "rank": 0}
-        running: dict = {}
-        for start, into, tid in db.execute("SELECT start, isSchedIn, globalTid FROM SCHED_EVENTS ORDER BY start"):
-            part = _part(tid, names.get(tid, ""), pids, workers)
-            if part is None:
-                continue
-            if into:
-                running[tid] = start
-            elif tid in running:
-                spent[part] += _inside(running.pop(tid), start, windows)
-    if not windows:
-        return None
-    return {"loader_cpu_ms": spent["loader"] / 1e6 / steps, "rank_cpu_ms": spent["rank"] / 1e6 / steps,
-            "cpu_time_from": "report: nsys SCHED_EVENTS inside the ranks' epoch ranges (DALI threads and "
-                             f"`{DATA_WORKER}` processes the loader's), per step of {steps} over the ranks"}
+DALI_THREAD = "[DALI]"
+NEEDED = ("start", "isSchedIn", "globalTid")  # nsys' SCHED_EVENTS columns (2021.x-2026.x)
+Windows = list[tuple[int, int]]
+Ints = npt.NDArray[np.int64]
+cpu_time_of = cast(Callable[[Mapping[str, Any] | None], dict[str, Any]], _cpu_time_of)
 
 
-def _part(tid: int, name: str, pids: set, workers: set) -> str | None:
-    pid = _pid(tid)
-    if pid in pids:
-        return "loader" if name.startswith(DALI_THREAD) else "rank"
-    return "loader" if pid in workers else None
+def epoch_windows(processes: Iterable[Process]) -> Windows:
+    """The ranks' closed epochs as disjoint [start, end) spans, in order."""
+    return merged([(r.start, r.end) for p in processes for r in p.ranges if r.closed and EPOCH.pattern.fullmatch(r.name)])
 
 
-def _merged(spans: list) -> list:
-    out: list = []
+def merged(spans: Iterable[tuple[int, int]]) -> Windows:
+    out: list[list[int]] = []
     for start, end in sorted(spans):
         if out and start <= out[-1][1]:
             out[-1][1] = max(out[-1][1], end)
         else:
             out.append([start, end])
-    return out
+    return [(a, b) for a, b in out]
 
 
-def _inside(start: int, end: int, windows: list) -> int:
-    """Nanoseconds of [start, end) inside the windows."""
-    return sum(max(0, min(end, b) - max(start, a)) for a, b in windows if a < end and start < b)
+def _not_recorded(why: str) -> dict[str, Any]:
+    return {"why": why}
 
 
-def cpu_time_for(export: Path | None, ranks: list[dict], metrics: dict | None) -> dict:
+def report_cpu_time(export: Path, ranks: Sequence[Mapping[str, Any]], windows: Windows,
+                    loaders: LoaderProcesses, threads: Mapping[int, Sequence[str]]) -> dict[str, Any]:
+    """{loader_cpu_ms, rank_cpu_ms, cpu_time_from, sched_events, sched_line}, or {"why": ...} where the
+    report's scheduling events give none. threads: globalTid -> its names."""
+    pids = [int(r["pid"]) for r in ranks if r.get("pid") is not None]
+    loops: list[Mapping[str, Any]] = [r.get("loop") or {} for r in ranks]
+    steps = sum(int(loop.get("steps") or 0) for loop in loops)
+    with open_export(export) as db:
+        tables = {str(row[0]) for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "SCHED_EVENTS" not in tables:
+            return _not_recorded("no nsys scheduling events in the report")
+        have = columns(db, "SCHED_EVENTS")
+        if missing := [c for c in NEEDED if c not in have]:
+            return _not_recorded(f"the report's SCHED_EVENTS lacks {', '.join(missing)} (it has "
+                                 f"{', '.join(sorted(have)) or 'no column'}), not nsys' schema: its scheduling "
+                                 "events are not read")
+        total, no_thread = db.execute("SELECT COUNT(*), COUNT(*) - COUNT(globalTid) FROM SCHED_EVENTS").fetchone()
+    if not total:
+        return _not_recorded("the report's SCHED_EVENTS table is empty (nsys recorded no scheduling event)")
+    if total == no_thread:
+        return _not_recorded(f"the report's {total} scheduling events name no thread (globalTid NULL)")
+    if not windows or not steps:
+        return _not_recorded("no closed epoch with steps to place the report's scheduling events in")
+    events = read_columns(export, "SELECT rowid AS event, start, isSchedIn AS sched_in, globalTid AS tid FROM SCHED_EVENTS "
+                          "WHERE globalTid IS NOT NULL", {"event": "i8", "start": "i8", "sched_in": "i8", "tid": "i8"})
+    dali = np.array([tid for tid, names in threads.items() if (tid >> 24) & 0xFFFFFF in pids
+                     and any(n.startswith(DALI_THREAD) for n in names)], dtype=np.int64)
+    order = np.lexsort((events["event"], events["start"], events["tid"]))
+    start, into, tid = events["start"][order], events["sched_in"][order] != 0, events["tid"][order]
+    pid = (tid >> 24) & 0xFFFFFF
+    in_rank = np.isin(pid, np.array(pids, dtype=np.int64))
+    loader = (in_rank & np.isin(tid, dali)) | np.isin(pid, np.array(loaders.pids, dtype=np.int64))
+    ours = in_rank | loader
+    pair = into[:-1] & ~into[1:] & (tid[:-1] == tid[1:])  # an `in` and the same thread's next event, its `out`
+    spent = _covered(start[1:], windows) - _covered(start[:-1], windows)
+    loader_ns, rank_ns = int(spent[pair & loader[:-1]].sum()), int(spent[pair & ours[:-1] & ~loader[:-1]].sum())
+    inside = _inside(start, windows)
+    counts = {"in_epochs": int((ours & inside).sum()), "outside_epochs": int((ours & ~inside).sum()),
+              "other_processes": int((~ours).sum()), "no_thread": int(no_thread), "total": int(total)}
+    if not counts["in_epochs"]:
+        return _not_recorded(f"none of the report's {total} scheduling events is of a rank's or its loader's thread "
+                             "inside the epochs")
+    return {"loader_cpu_ms": loader_ns / 1e6 / steps, "rank_cpu_ms": rank_ns / 1e6 / steps,
+            "cpu_time_from": "report: nsys SCHED_EVENTS inside the ranks' epochs (DALI threads and "
+                             f"{len(loaders.pids)} DataLoader worker processes the loader's), per step of {steps} "
+                             "over the ranks",
+            "sched_events": counts, "sched_line": sched_line(counts)}
+
+
+def sched_line(counts: Mapping[str, int]) -> str:
+    """The page's one line: what the scheduling events held and what could not be placed."""
+    left = [f"{counts['outside_epochs']} of the ranks' and loaders' threads outside every epoch",
+            f"{counts['other_processes']} of other processes (nsys, the system)",
+            f"{counts['no_thread']} of no thread (globalTid NULL)"]
+    return (f"scheduling events: {counts['in_epochs']} of {counts['total']} inside the epochs; left out: "
+            + ", ".join(part for part in left if not part.startswith("0 ")))
+
+
+def _inside(at: Ints, windows: Windows) -> npt.NDArray[np.bool_]:
+    starts, ends = np.array([w[0] for w in windows]), np.array([w[1] for w in windows])
+    k = np.searchsorted(starts, at, side="right") - 1
+    return (k >= 0) & (at < ends[np.maximum(k, 0)])
+
+
+def _covered(at: Ints, windows: Windows) -> Ints:
+    """Nanoseconds of the windows before each time: the time [a, b) spends inside is covered(b) - covered(a)."""
+    starts, ends = np.array([w[0] for w in windows], dtype=np.int64), np.array([w[1] for w in windows], dtype=np.int64)
+    before = np.concatenate(([0], np.cumsum(ends - starts)))
+    k = np.searchsorted(starts, at, side="right") - 1
+    last = np.maximum(k, 0)
+    partial = np.clip(at - starts[last], 0, ends[last] - starts[last])
+    return np.where(k >= 0, before[last] + partial, 0).astype(np.int64)
+
+
+def cpu_time_for(export: Path | None, ranks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any] | None,
+                 windows: Windows, loaders: LoaderProcesses, threads: Mapping[int, Sequence[str]]) -> dict[str, Any]:
     """The machine block's CPU time: the run's metrics where it recorded them, else the report's
-    scheduling events, else `not recorded` (cores.py says on the page what is then assumed)."""
+    scheduling events, else `not recorded`, saying why (cores.py says on the page what is then assumed)."""
     recorded = cpu_time_of(metrics)
-    if recorded["loader_cpu_ms"] is not None:
-        return recorded
-    return report_cpu_time(export, ranks) or {**recorded, "cpu_time_from": recorded["cpu_time_from"] + (
-        " and no nsys scheduling events in the report" if export is not None else "")}
+    if recorded["loader_cpu_ms"] is not None or export is None:
+        return {**recorded, "sched_events": None, "sched_line": None}
+    found = report_cpu_time(export, ranks, windows, loaders, threads)
+    if "why" in found:
+        return {**recorded, "cpu_time_from": f"{recorded['cpu_time_from']} and {found['why']}", "sched_events": None,
+                "sched_line": f"scheduling events not read: {found['why']}"}
+    return found

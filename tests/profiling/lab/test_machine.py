@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from handler.profiling.scaling.machine import machine_of
+from handler.profiling.trace import load_trace
 from tests.nsys_helpers import REAL_EXPORTS, REPO
 from tests.profiling.scale_inputs import DALI_CPU
 
@@ -39,15 +40,20 @@ WORKERS_RUN = REPO / "tests" / "data" / "nsys" / "ddp_workers2_cpu2_nsys2022.4.s
 RANKS = [{"pid": 31396}, {"pid": 31397}]
 
 
+def read(export: Path, ranks: list[dict], metrics: dict | None = None) -> dict:
+    """The machine block as the report reads it: with the trace's processes, whose epochs place the events."""
+    return machine_of(export, ranks, metrics, load_trace(export).processes)
+
+
 def test_dataloader_workers_are_read_from_their_bursts_of_forks_one_per_pass():
     """torch names a DataLoader worker's thread pt_data_worker and starts them anew for every pass:
     this 3-epoch run of --workers 2 on 2 ranks (validation each epoch, then test) holds 28. Before,
     their count over the capture was taken as the workers per process (14 for one rank)."""
-    found = machine_of(WORKERS_RUN, RANKS)
+    found = read(WORKERS_RUN, RANKS)
     assert found["loader_workers"] == 2
     assert found["loader_workers_from"] == ("report: the report holds 28 `pt_data_worker` processes over 2 ranks, "
                                             "started in 7 bursts of 4 (7 passes named in the report)")
-    asked = machine_of(WORKERS_RUN, RANKS, {"config": {"workers": 3}})
+    asked = read(WORKERS_RUN, RANKS, {"config": {"workers": 3}})
     assert (asked["loader_workers"], asked["loader_workers_from"]) == (3, "metrics config.workers")
 
 
@@ -65,7 +71,7 @@ WORKER_ROWS = ("DELETE FROM ThreadNames WHERE nameId = (SELECT id FROM StringIds
 
 
 def test_bursts_of_unequal_size_are_not_read_and_say_so(tmp_path):
-    found = machine_of(edited(tmp_path, WORKER_ROWS + "= 31461"), RANKS)  # one worker of the first pass gone
+    found = read(edited(tmp_path, WORKER_ROWS + "= 31461"), RANKS)  # one worker of the first pass gone
     assert found["loader_workers"] is None
     assert found["loader_workers_from"].startswith("not read: the report holds 27 `pt_data_worker` processes over "
                                                    "2 ranks, started in 7 bursts of 3, 4, so how many")
@@ -73,7 +79,7 @@ def test_bursts_of_unequal_size_are_not_read_and_say_so(tmp_path):
 
 
 def test_bursts_that_do_not_number_the_named_passes_are_not_read(tmp_path):
-    found = machine_of(edited(tmp_path, WORKER_ROWS + "BETWEEN 31456 AND 31461"), RANKS)  # a pass's burst gone
+    found = read(edited(tmp_path, WORKER_ROWS + "BETWEEN 31456 AND 31461"), RANKS)  # a pass's burst gone
     assert found["loader_workers"] is None
     assert "started in 6 bursts where the report names 7 passes per rank" in found["loader_workers_from"]
 
@@ -82,7 +88,7 @@ def test_without_named_passes_the_bursts_alone_give_the_workers(tmp_path):
     """The kit's reports name epochs only: the bursts, the ranks in step, say it."""
     bare = edited(tmp_path, "DELETE FROM NVTX_EVENTS WHERE COALESCE(text, (SELECT value FROM StringIds "
                             "WHERE id = textId)) IN ('validate', 'test')")
-    found = machine_of(bare, RANKS)
+    found = read(bare, RANKS)
     assert found["loader_workers"] == 2 and found["loader_workers_from"].endswith("(one per pass, the ranks in step)")
 
 
@@ -107,11 +113,11 @@ def test_a_report_without_cpu_time_in_its_metrics_gives_it_from_the_schedulers_e
         db.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (100000, 0, ?)", (DALI,))
         db.commit()
     ranks = [{**r, "loop": {"steps": 10}} for r in RANKS]
-    found = machine_of(copy, ranks)
+    found = read(copy, ranks)
     assert found["rank_cpu_ms"] == pytest.approx((1000 + 35.469784) / 20)
     assert found["loader_cpu_ms"] == pytest.approx((500 + 200) / 20)
     assert found["cpu_time_from"].startswith("report: nsys SCHED_EVENTS")
-    recorded = machine_of(copy, ranks, {"epochs": [{"cpu_time": {"loader_ms_per_step": 3.0, "rank_ms_per_step": 9.0}}]})
+    recorded = read(copy, ranks, {"epochs": [{"cpu_time": {"loader_ms_per_step": 3.0, "rank_ms_per_step": 9.0}}]})
     assert (recorded["loader_cpu_ms"], recorded["rank_cpu_ms"]) == (3.0, 9.0)  # the run's own, where it wrote them
-    bare = machine_of(WORKERS_RUN, ranks)
+    bare = read(WORKERS_RUN, ranks)
     assert bare["loader_cpu_ms"] is None and "no nsys scheduling events in the report" in bare["cpu_time_from"]
