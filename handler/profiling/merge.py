@@ -7,6 +7,11 @@ clock to UTC at the session's start (utcEpochNs; systemClockNs is the target clo
 then, where the export has it; older exports count from the session start). Exact between
 reports of one machine; across machines off by the hosts' UTC disagreement (NTP: typically
 0.1-10 ms; PTP: around 1 us), which docs/PROFILING.md discusses.
+
+Each rank's host, and which source named it (`host_from`, on the page's reports table): its
+`host NAME` mark; else the export's own TARGET_INFO_SYSTEM_ENV `Hostname` (nsys records the host it
+ran on); else the report's name as train.sbatch writes it (`<job>_<node>`); else the metrics'
+env.hosts. Reports of one job that none names merge into one host `?`.
 """
 from pathlib import Path
 
@@ -42,9 +47,11 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
         trace = load_trace(export)
         summary = summarize(trace, metrics)
         offset, started = clock_offset(export)
-        fallback = _host_from_name(name)
+        marks = {p.pid: p.host for p in trace.processes}
+        hostname = export_hostname(export)
         for rank in summary["ranks"]:
-            rank["host"] = rank["host"] or fallback
+            rank["host"], rank["host_from"] = host_named(marks.get(rank["pid"]), hostname, _host_from_name(name),
+                                                          rank["host"])
             rank["report"] = name
             if any(r["rank"] == rank["rank"] for r in ranks):
                 raise UserError(f"rank {rank['rank']} appears in {name} and in an earlier report; pass the "
@@ -53,6 +60,7 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
         for rank, steps in first_comm_per_process(trace).items():
             arrivals[rank] = {step: at + offset for step, at in steps.items()}
         reports.append({"report": name, "hosts": sorted({r["host"] or "?" for r in summary["ranks"]}),
+                        "host_from": " + ".join(sorted({r["host_from"] for r in summary["ranks"]})),
                         "ranks": [r["rank"] for r in summary["ranks"]], "clock_offset_ns": offset,
                         "session_start_utc": started, "machine": machine_of(export, summary["ranks"], metrics, trace.processes)})
         sources.add(summary["rank_source"])
@@ -74,6 +82,26 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
            "gpus": gpus or None}
     job["run"] = run_block(job, metrics, [name for name, _ in exports])
     return job
+
+
+def export_hostname(export: Path) -> str | None:
+    """The host nsys recorded the report on (TARGET_INFO_SYSTEM_ENV `Hostname`); None where not exported."""
+    with open_export(export) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "TARGET_INFO_SYSTEM_ENV" not in tables:
+            return None
+        row = db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'").fetchone()
+    return (str(row[0]).strip() or None) if row and row[0] is not None else None
+
+
+def host_named(mark: str | None, hostname: str | None, file_name: str | None,
+               env_host: str | None) -> tuple[str | None, str]:
+    """(a rank's host, the source that named it): the module's docstring gives the order."""
+    for host, source in ((mark, "host mark"), (hostname, "export Hostname"), (file_name, "file name"),
+                         (env_host, "metrics env.hosts")):
+        if host:
+            return host, source
+    return None, "not recorded: no host mark, Hostname, node in the file name or metrics env.hosts"
 
 
 def job_machine(machines: list[dict]) -> dict:
@@ -156,7 +184,9 @@ def markdown_lines(summary: dict) -> list[str]:
     lines += ["", "## Reports and clocks", "",
               "Timestamps are put on one clock through each report's TARGET_INFO_SESSION_START_TIME (UTC at the "
               "session start): exact on one machine, off by the hosts' clock disagreement across machines "
-              "(docs/PROFILING.md).", "", "| report | hosts | ranks | session start (UTC) | offset ns |", "|---|---|---|---|---|"]
+              "(docs/PROFILING.md).", "", "| report | hosts | ranks | session start (UTC) | offset ns | host named by |",
+              "|---|---|---|---|---|---|"]
     lines += [f"| {r['report']} | {', '.join(r['hosts'])} | {', '.join(map(str, r['ranks']))} | "
-              f"{r['session_start_utc']} | {r['clock_offset_ns']} |" for r in summary["reports"]]
+              f"{r['session_start_utc']} | {r['clock_offset_ns']} | {r.get('host_from') or '?'} |"
+              for r in summary["reports"]]
     return lines + [""]
