@@ -121,7 +121,8 @@ def facts(found: dict) -> str:
     rate = "unbounded" if math.isinf(link.gbit) else f"{link.gbit:.3g} Gbit/s"
     host = f"; the host has {m['host_cores']}" if m.get("host_cores") and m["host_cores"] != m.get("cpu_cores") else ""
     cores = f"{m['cpu_cores']} CPU cores ({m['cpu_cores_from']}{host})" if m.get("cpu_cores") else \
-        "CPU cores not recorded (assumed: every loader gets cores of its own)"
+        ("CPU cores not recorded (assumed: every loader gets cores of its own"  # the reason, where one was read
+         + (f"; {m['cpu_cores_from']}" if (m.get("cpu_cores_from") or "not recorded") != "not recorded" else "") + ")")
     workers = (f"{m['loader_workers']:g} loader workers per process ({m['loader_workers_from']})"
                if m.get("loader_workers") is not None else
                f"loader workers {m.get('loader_workers_from') or 'not recorded'} (assumed: 1 core per loader)")

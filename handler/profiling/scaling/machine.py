@@ -118,8 +118,8 @@ def _read(export: Path | None, pids: Sequence[int], window: tuple[int, int] | No
             row = db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CpuCores'").fetchone()
             if row is not None:
                 cores = _count(str(row[0]))
-                said = None if cores else (f"{CORES_ROW} reads {str(row[0])[:40]!r}, no count of cores (a whole "
-                                           f"number from 1 to {MOST_CORES:,}): read as not recorded")
+                said = None if cores else (f"{CORES_ROW} reads {str(row[0])[:40]!r}, no count of cores: not a "
+                                           f"whole number from 1 to {MOST_CORES:,}")
         threads: dict[int, tuple[str, ...]] | None = None
         if {"ThreadNames", "StringIds"} <= tables:
             threads = {}
