@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from handler.profiling.analysis import summarize
-from handler.profiling.merge import merge
+from handler.profiling.merge import host_named, markdown_lines, merge
 from handler.profiling.trace import load_trace
 from handler.runtime.errors import UserError
 from tests.nsys_helpers import REAL_EXPORTS, REPO, with_training_ranges
@@ -147,3 +147,33 @@ def test_a_two_node_job_keeps_every_nodes_gpus_with_its_host_its_model_and_run_a
     assert found["harness_mode"] == "ddp" and found["nodes"].nodes == 2 and found["between"] is not None
     page = "\n".join(markdown(found, "77.summary.json"))
     assert "2 GPUs" in page and "CPU process" not in page and "between nodes" in page
+
+
+def test_reports_without_host_marks_or_node_names_are_told_apart_by_the_exports_hostname(tmp_path):
+    """Two node reports with no `host` mark and names train.sbatch does not write merged into one node
+    of GPUs 0, 1, 0, 1; each export names its host (TARGET_INFO_SYSTEM_ENV Hostname)."""
+    full = tmp_path / "full.sqlite"
+    layout = with_training_ranges(REAL_EXPORTS["2026.2"], full, batches=4)
+    parts = []
+    for (pid, entry), name, hostname in zip(sorted(layout.items(), key=lambda kv: kv[1]["rank"]),
+                                            ("first.sqlite", "second.sqlite"), ("gpu-a", "gpu-b")):
+        target = one_host(full, tmp_path / name, pid, entry["tid"], "unused")
+        with sqlite3.connect(target) as db:
+            db.execute("DELETE FROM NVTX_EVENTS WHERE text LIKE 'host %'")
+            db.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'Hostname'", (hostname,))
+        parts.append((name, target))
+    merged = merge(parts)
+    assert [(r["rank"], r["host"], r["host_from"]) for r in merged["ranks"]] == [
+        (0, "gpu-a", "export Hostname"), (1, "gpu-b", "export Hostname")]
+    assert sorted(merged["hosts"]) == ["gpu-a", "gpu-b"]
+    assert [g["host"] for g in merged["gpus"]] == ["gpu-a", "gpu-b"]
+    assert [r["host_from"] for r in merged["reports"]] == ["export Hostname", "export Hostname"]
+    assert "| first.sqlite | gpu-a | 0 |" in "\n".join(markdown_lines(merged))
+    assert "| export Hostname |" in "\n".join(markdown_lines(merged))
+
+
+def test_a_host_mark_comes_before_the_hostname_and_the_file_name_before_the_metrics():
+    assert host_named("node1", "gpu-a", "n7", "m") == ("node1", "host mark")
+    assert host_named(None, None, "n7", "m") == ("n7", "file name")
+    assert host_named(None, None, None, "m") == ("m", "metrics env.hosts")
+    assert host_named(None, None, None, None)[0] is None
