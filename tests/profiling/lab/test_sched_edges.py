@@ -100,3 +100,12 @@ def test_a_report_whose_cpu_cores_reads_1e26_keeps_its_lab_page_cell(tmp_path):
     assert "| ddp | 0.30 (1.00x" in page
     assert "CPU cores not recorded (assumed: every loader gets cores of its own; not recorded (nsys " \
            "TARGET_INFO_SYSTEM_ENV CpuCores reads '100000000000000000000000000'" in page
+
+
+def test_the_bench_reads_the_same_cpu_time_as_columns_as_the_reader_by_rows(tmp_path):
+    """bench.sched_scale --quick: its generated events give the columns and the per-row reader one answer."""
+    from bench.sched_scale import main
+    main(["--quick", "--rounds", "1", "--json", str(tmp_path / "sched.json")])
+    data = json.loads((tmp_path / "sched.json").read_text())
+    assert data["bench"] == "sched_scale" and data["quick"] is True
+    assert [s["same_cpu_time"] for s in data["sizes"]] == [True]
