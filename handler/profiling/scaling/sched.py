@@ -15,7 +15,7 @@ The events move as columns (sql_columns.read_columns), never a Python object per
 time on a core is each `in` event followed by its `out`. What cannot be placed is counted and said
 in one line (`sched_line`): events outside every epoch, of no thread (globalTid NULL, as nsys'
 schema allows), of other processes. A table without the columns nsys writes, or an empty one, is
-`not recorded`, saying which.
+`not recorded`, `cpu_time_from` saying which.
 """
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -142,5 +142,5 @@ def cpu_time_for(export: Path | None, ranks: Sequence[Mapping[str, Any]], metric
     found = report_cpu_time(export, ranks, windows, loaders, threads)
     if "why" in found:
         return {**recorded, "cpu_time_from": f"{recorded['cpu_time_from']} and {found['why']}", "sched_events": None,
-                "sched_line": f"scheduling events not read: {found['why']}"}
+                "sched_line": None}  # the reason is in cpu_time_from, which the page's Machine line prints
     return found
