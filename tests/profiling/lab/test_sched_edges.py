@@ -5,11 +5,14 @@ import shutil
 import sqlite3
 from contextlib import closing
 
+import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from handler.profiling.lab.cells import lab_reports
 from handler.profiling.lab.page import build_lab
 from handler.profiling.scaling.machine import machine_line, machine_of
+from handler.profiling.scaling.sched import _covered, _inside, merged
 from handler.profiling.trace import load_trace
 from tests.nsys_helpers import REAL_EXPORTS
 from tests.profiling.lab.kit_exports import with_kit_ranges
@@ -110,3 +113,20 @@ def test_the_bench_reads_the_same_cpu_time_as_columns_as_the_reader_by_rows(tmp_
     data = json.loads((tmp_path / "sched.json").read_text())
     assert data["bench"] == "sched_scale" and data["quick"] is True
     assert [s["same_cpu_time"] for s in data["sizes"]] == [True]
+
+
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 300)), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(-100, 1400), st.integers(0, 400)), min_size=1, max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_the_time_inside_the_epochs_equals_a_sum_over_every_epoch(spans, intervals):
+    """Each thread's interval on a core, clipped to the epochs as columns (sched._covered over merged
+    windows), is the plain sum of its overlap with each epoch, the epochs overlapping or not."""
+    windows = merged((a, a + n) for a, n in spans)
+    starts = np.array([a for a, _ in intervals], dtype=np.int64)
+    ends = starts + np.array([n for _, n in intervals], dtype=np.int64)
+    columns = _covered(ends, windows) - _covered(starts, windows)
+    by_hand = [sum(max(0, min(b, e) - max(a, s)) for s, e in windows) for a, b in zip(starts, ends)]
+    assert columns.tolist() == by_hand
+    assert _inside(starts, windows).tolist() == [any(s <= a < e for s, e in windows) for a in starts]
+    union = {t for a, n in spans for t in range(a, a + n)}
+    assert sum(e - s for s, e in windows) == len(union)
