@@ -21,8 +21,7 @@ from handler.runtime.names import BACKWARD, BATCH, DATA, EPOCH, FORWARD, H2D, OP
 @dataclass(frozen=True)
 class Convention:
     name: str  # what the summary says it used
-    epoch: re.Pattern | None  # group 1 is the epoch's number (none: the epochs are numbered in order,
-    # trace._other_processes); None: each process's steps make epoch 0
+    epoch: re.Pattern | None  # group 1 is the epoch's number (no group: numbered in order); None: steps only
     step: re.Pattern  # group 1 is the step's number
     phases: tuple[tuple[re.Pattern, str], ...] = ()  # (range name pattern, our phase), first match wins
     outside: tuple[tuple[re.Pattern, str], ...] = ()  # (pattern, ours) for the passes outside training
@@ -34,7 +33,6 @@ class Convention:
         if found := self.step.fullmatch(text):
             return BATCH(int(found.group(1)))
         return next((ours for pattern, ours in (*self.phases, *self.outside) if pattern.fullmatch(text)), None)
-
 
 
 def _words(text: str) -> re.Pattern:

@@ -12,6 +12,7 @@ with no end, or (2022.4, seen in its exports) closes it at the capture's end, AN
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from itertools import count
 from pathlib import Path
 
 from handler.runtime.errors import UserError
@@ -214,10 +215,10 @@ def _other_processes(events, convention: Convention | None, gpu) -> tuple[tuple[
         elif text:
             ranges.setdefault(pid, []).append(Range(convention.canonical(text) or _unnamed(text), start, end, tid,
                                                     domain, closed))
-    if convention.epoch is not None and not convention.epoch.groups:  # `--ranges epoch='Train'`: in order
+    if convention.epoch is not None and not convention.epoch.groups:  # `--ranges epoch='Train'`: numbered in order
         for pid, own in ranges.items():
-            epochs = iter(range(len(own)))
-            ranges[pid] = [replace(r, name=EPOCH(next(epochs))) if r.name == EPOCH(0) else r
+            number = count()
+            ranges[pid] = [replace(r, name=EPOCH(next(number))) if r.name == EPOCH(0) else r
                            for r in sorted(own, key=lambda r: r.start)]
     if convention.epoch is None:  # steps only: each process's steps are epoch 0
         for own in ranges.values():
