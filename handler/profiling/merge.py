@@ -10,8 +10,8 @@ reports of one machine; across machines off by the hosts' UTC disagreement (NTP:
 
 Each rank's host, and which source named it (`host_from`, on the page's reports table): its
 `host NAME` mark; else the export's own TARGET_INFO_SYSTEM_ENV `Hostname` (nsys records the host it
-ran on); else the report's name as train.sbatch writes it (`<job>_<node>`); else the metrics'
-env.hosts. Reports of one job that none names merge into one host `?`.
+ran on); else the metrics' env.hosts (the run's own record); else the report's name as
+train.sbatch writes it (`<job>_<node>`). Reports of one job that none names merge into one host `?`.
 """
 from pathlib import Path
 
@@ -50,8 +50,8 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
         marks = {p.pid: p.host for p in trace.processes}
         hostname = export_hostname(export)
         for rank in summary["ranks"]:
-            rank["host"], rank["host_from"] = host_named(marks.get(rank["pid"]), hostname, _host_from_name(name),
-                                                          rank["host"])
+            rank["host"], rank["host_from"] = host_named(marks.get(rank["pid"]), hostname, rank["host"],
+                                                          _host_from_name(name))
             rank["report"] = name
             if any(r["rank"] == rank["rank"] for r in ranks):
                 raise UserError(f"rank {rank['rank']} appears in {name} and in an earlier report; pass the "
@@ -94,14 +94,14 @@ def export_hostname(export: Path) -> str | None:
     return (str(row[0]).strip() or None) if row and row[0] is not None else None
 
 
-def host_named(mark: str | None, hostname: str | None, file_name: str | None,
-               env_host: str | None) -> tuple[str | None, str]:
+def host_named(mark: str | None, hostname: str | None, env_host: str | None,
+               file_name: str | None) -> tuple[str | None, str]:
     """(a rank's host, the source that named it): the module's docstring gives the order."""
-    for host, source in ((mark, "host mark"), (hostname, "export Hostname"), (file_name, "file name"),
-                         (env_host, "metrics env.hosts")):
+    for host, source in ((mark, "host mark"), (hostname, "export Hostname"), (env_host, "metrics env.hosts"),
+                         (file_name, "file name")):
         if host:
             return host, source
-    return None, "not recorded: no host mark, Hostname, node in the file name or metrics env.hosts"
+    return None, "not recorded: no host mark, Hostname, metrics env.hosts or node in the file name"
 
 
 def job_machine(machines: list[dict]) -> dict:

@@ -172,8 +172,9 @@ def test_reports_without_host_marks_or_node_names_are_told_apart_by_the_exports_
     assert "| export Hostname |" in "\n".join(markdown_lines(merged))
 
 
-def test_a_host_mark_comes_before_the_hostname_and_the_file_name_before_the_metrics():
-    assert host_named("node1", "gpu-a", "n7", "m") == ("node1", "host mark")
-    assert host_named(None, None, "n7", "m") == ("n7", "file name")
-    assert host_named(None, None, None, "m") == ("m", "metrics env.hosts")
+def test_a_host_mark_comes_first_then_the_hostname_then_the_metrics_then_the_file_name():
+    assert host_named("node1", "gpu-a", "m", "n7") == ("node1", "host mark")
+    assert host_named(None, "gpu-a", "m", "n7") == ("gpu-a", "export Hostname")
+    assert host_named(None, None, "m", "n7") == ("m", "metrics env.hosts")
+    assert host_named(None, None, None, "n7") == ("n7", "file name")
     assert host_named(None, None, None, None)[0] is None
