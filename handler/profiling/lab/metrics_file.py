@@ -72,6 +72,9 @@ def read_json(path: Path, name: str, fix: str):
         return json.loads(text)
     except ValueError as err:
         raise UserError(f"{name} is not JSON ({err}): damaged or cut off; {fix}") from None
+    except RecursionError:  # brackets nested deeper than any file of ours: not one of them
+        raise UserError(f"{name} nests its brackets too deep to read (no file of ours does): not the file asked "
+                        f"for; {fix}") from None
 
 
 def read_metrics(path: Path, fix: str = "pass the metrics JSON the run wrote (<name>.metrics.json) with --metrics") -> dict:
