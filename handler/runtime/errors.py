@@ -67,10 +67,13 @@ def shown(text: str) -> str:
 
 
 def too_long(name) -> str:
-    """The one line for a path the file system refuses as too long (ENAMETOOLONG)."""
+    """The one line for a path the file system refuses as too long (ENAMETOOLONG): its longest name, cut
+    in the middle, and how long it is."""
     longest = max(os.fsencode(str(name or "")).split(b"/"), key=len, default=b"")
-    return (f"{shown(str(name or 'a path'))[:80]}...: a name in it is too long for the file system ({len(longest)} "
-            "bytes; most allow 255); rename it shorter (or pass --out to a folder with a shorter name)")
+    text = shown(os.fsdecode(longest))
+    cut = f"{text[:40]}...{text[-24:]}" if len(text) > 72 else text
+    return (f"the file name {cut} is too long for the file system ({len(longest)} bytes; most allow 255): "
+            "rename the file (or its folder) shorter")
 
 
 class OneLineParser(argparse.ArgumentParser):
