@@ -20,7 +20,7 @@ from handler.runtime.names import EPOCH
 from handler.runtime.out_folder import check_out_folder
 
 from .analysis import incomplete, summarize
-from .scaling.epochs import contract, of_ranks
+from .scaling.epochs import contract, of_summary
 from .scaling.machine import machine_of
 from .merge import markdown_lines as merge_lines
 from .merge import merge
@@ -116,6 +116,7 @@ def main(argv=None) -> None:
         analysis = summarize(load_trace(export, convention), metrics, report=reports[0])
         analysis["machine"] = machine_of(export, analysis["ranks"], metrics)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
+        analysis["measured_epoch"] = contract(of_summary(analysis))  # the window says which epoch warmed up
         name, title, extra = reports[0].stem, reports[0].name, []
         recorded = recorded_version(reports[0])
         summary = {"report": str(reports[0]), "nsys_export_version": nsys_version(),
@@ -124,8 +125,8 @@ def main(argv=None) -> None:
     else:
         analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
         analysis["incomplete"] = incomplete(analysis["ranks"])
-        analysis["measured_epoch"] = contract(of_ranks(analysis["ranks"]))  # as summarize's (scaling/epochs.py)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
+        analysis["measured_epoch"] = contract(of_summary(analysis))  # as summarize's (scaling/epochs.py)
         name = job_name(reports)
         title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)
         summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),
