@@ -47,17 +47,17 @@ def one_line_errors(prefix: str = "error"):
     except UserError as err:  # several problems (import_problems): each its own line
         print("\n".join(f"{prefix}: {shown(line)}" for line in str(err).splitlines() or [""]), file=sys.stderr, flush=True)
         sys.exit(2)
-    except OSError as err:
-        if err.errno != errno.ENAMETOOLONG:
-            raise
-        print(f"{prefix}: {too_long(err.filename)}", file=sys.stderr, flush=True)
-        sys.exit(2)
     except KeyboardInterrupt:
         print(f"{prefix}: interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does on SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         sys.exit(128 + signal.SIGPIPE)
+    except OSError as err:  # after BrokenPipeError, an OSError too
+        if err.errno != errno.ENAMETOOLONG:
+            raise
+        print(f"{prefix}: {too_long(err.filename)}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def shown(text: str) -> str:

@@ -268,7 +268,8 @@ def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
             + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
             + _cut_note(c)
             if (c := cell.get((mode, n))) else "" for n in counts) + " |")
-    lines += ["", "## Verdicts", "", BOUND_RULE, ""]
+    lines += ["", "## Verdicts", "", "One line a report: its bound for one epoch, how it is found in "
+              "[the lab page's docs](docs/PROFILING.md#the-lab-page) (and lab.json's `bound_rule`).", ""]
     lines += [f"- **{r['mode']}, {_label(r)}**: " + (f"cut short: {r['incomplete']['line']}; " if r.get("incomplete") else "")
               + f"{r['verdict']['line']}." for r in rows]
     lines += _gpu_tables(rows)
