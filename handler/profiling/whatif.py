@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from handler.runtime.errors import OneLineParser, UserError, one_line_errors
+from handler.runtime.errors import OneLineParser, UserError, one_line_errors, shown
 
 from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
                             parse_link, payload)
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
     summary = load_summary(args.summary)
     found = predictions(summary, counts, None if per_node else link, args.grad_mb, between=link if per_node else None,
                         per_node=per_node)
-    print("\n".join([*markdown(found, args.summary.name), "", ASSUMPTIONS, "", *bounds_legend()]))
+    print(shown("\n".join([*markdown(found, args.summary.name), "", ASSUMPTIONS, "", *bounds_legend()])))
     return 0
 
 

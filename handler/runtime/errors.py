@@ -1,6 +1,7 @@
 """User-facing failures: one line that names the problem and the fix, never a traceback."""
 import argparse
 import errno
+import io
 import math
 import os
 import signal
@@ -39,7 +40,11 @@ def need(ok, message: str) -> None:
 @contextmanager
 def one_line_errors(prefix: str = "error"):
     """Turn UserError (and Ctrl-C) into one line on stderr and a non-zero exit; a graceful
-    stop exits with 128 + signal, as a killed process would; a closed stdout pipe, quietly."""
+    stop exits with 128 + signal, as a killed process would; a closed stdout pipe, quietly. A
+    printed name that is not UTF-8 (a file copied from an archive) is escaped, never an exception."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         yield
     except StopRequested as stop:  # the stop message and checkpoint are already out

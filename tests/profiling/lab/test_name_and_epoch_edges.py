@@ -45,6 +45,16 @@ def test_the_lab_page_of_a_folder_whose_name_is_not_utf8_is_drawn_with_the_byte_
     assert "# Lab profiles" in (tmp_path / "lab" / "lab.md").read_text() and "# Lab profiles" in out
 
 
+def test_the_what_if_of_a_summary_whose_name_is_not_utf8_prints_the_byte_shown(tmp_path, capsys):
+    """Before: `UnicodeEncodeError` printing the page's first line, which names the file."""
+    run("report", [shutil.copyfile(WORKERS, tmp_path / "w.sqlite"), "--brief"], capsys)
+    summary = Path(shutil.copyfile(tmp_path / "w.summary.json", named(tmp_path, b"\xfcbung.summary.json")))
+    status, out, err = run("whatif", [summary, "--gpus", "2"], capsys)
+    assert status == 0 and out.startswith("From \\xfcbung.summary.json (2 CPU processes"), err
+    status, _, err = run("whatif", [summary.with_name(summary.name + "x")], capsys)
+    assert "\\xfcbung.summary.jsonx does not exist" in one_line(status, err, "whatif")
+
+
 @pytest.mark.parametrize("given", ["report", "report --metrics", "whatif", "summary name"])
 def test_a_name_past_the_file_systems_limit_is_one_line_naming_it(tmp_path, capsys, given):
     """Before: `OSError: File name too long`, a traceback."""

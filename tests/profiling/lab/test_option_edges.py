@@ -161,3 +161,14 @@ def test_launch_passes_setting_paths_that_start_with_a_dash_as_values(tmp_path):
     assert done.returncode == 2 and "expected one argument" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "error: --epochs 0: train for at least 1 epoch", done.stderr
     assert (tmp_path / "-logs").is_dir()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--rates", "1000,nan"], "bench.comm: --rates '1000,nan' is not a list of Mbit/s above 0"),
+    (["--delays", "-1"], "bench.comm: --delays '-1' is not a list of ms each way, 0 or more"),
+    (["--steps", "0"], "argument --steps: 0 is less than 1; give 1 or more"),
+    (["--gpu-epoch-s", "inf"], "argument --gpu-epoch-s: 'inf' is not a finite number; give a number above 0"),
+])
+def test_a_benchs_numeric_option_that_is_negative_nan_or_infinite_is_one_line_before_any_run(capsys, argv, says):
+    status, _, err = _bench("bench.comm", argv, capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and says in err, err
