@@ -78,6 +78,10 @@ NSYS_EXIT_TIMEOUT="${NSYS_EXIT_TIMEOUT:-120}"
     || die "NSYS_EXIT_TIMEOUT='$NSYS_EXIT_TIMEOUT' is not a positive number of seconds; e.g. NSYS_EXIT_TIMEOUT=300"
 [[ -z "${PROFILE_EPOCHS:-}" || "$PROFILE_EPOCHS" =~ ^(all|[0-9]+(:[0-9]+)?)$ ]] \
     || die "PROFILE_EPOCHS='$PROFILE_EPOCHS' is not A:B or all; e.g. PROFILE_EPOCHS=1:2 (0-based epochs, inclusive)"
+# The longest file made from it, NAME.partial.sqlite (the report's export), must fit a file name's 255 bytes.
+file_name="${NSIGHT_FILE_NAME:-}" name_bytes="$(LC_ALL=C; echo "${#file_name}")"
+[[ -z "${NSIGHT_FILE_NAME:-}" ]] || (( name_bytes <= 240 )) || die "NSIGHT_FILE_NAME is $name_bytes bytes long;" \
+    "its files (NAME.summary.json, NAME.partial.sqlite) would pass the file system's 255: name it in 240 or fewer"
 case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1; use GPU_METRICS=1 to sample GPU metrics (GPU runs)" ;; esac
 # The folders, before any set-up: one line naming the setting, never mkdir's message.
 folder_problem() {  # $1 the setting's name, $2 its folder

@@ -7,7 +7,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..runtime.errors import UserError
+from ..runtime.errors import UserError, shown
 
 # The runner sets these per cell; a user's copy would silently break the matrix.
 RESERVED = ("--mode", "--num_gpu", "--num-gpu", "--metrics")
@@ -54,7 +54,7 @@ def parse_variant(spec: str, modes, flag: str = "--cell") -> Variant:
                         f"LABEL=MODE:ARGS with MODE one of {', '.join(modes)}")
     args = tuple(split_args(rest, f"--cell {spec!r}"))
     check_args(args, f"--cell {spec!r}")
-    return Variant(label or " ".join((mode, *args)), mode, args)
+    return Variant(shown(label or " ".join((mode, *args))), mode, args)  # a byte not UTF-8: \xNN on pages, plots
 
 
 def split_args(text: str, where: str) -> list[str]:

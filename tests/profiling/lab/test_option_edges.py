@@ -172,3 +172,14 @@ def test_launch_passes_setting_paths_that_start_with_a_dash_as_values(tmp_path):
 def test_a_benchs_numeric_option_that_is_negative_nan_or_infinite_is_one_line_before_any_run(capsys, argv, says):
     status, _, err = _bench("bench.comm", argv, capsys)
     assert status == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_launch_refuses_a_file_name_its_files_could_not_have_before_any_run(tmp_path):
+    """NSIGHT_FILE_NAME of 130 two-byte letters (260 bytes): before, nsys wrote no report, and the export's
+    `File name too long` came after the whole training."""
+    env = {**os.environ, "NSIGHT_FILE_NAME": "\u00fc" * 130, "PROFILE": "0", "MODE": "ddp", "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "launch.sh")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "launch: NSIGHT_FILE_NAME is 260 bytes long; its files (NAME.summary.json, NAME.partial.sqlite) would pass "
+        "the file system's 255: name it in 240 or fewer") and not any(tmp_path.iterdir())
