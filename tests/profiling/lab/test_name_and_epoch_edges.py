@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from handler.profiling.scaling.epochs import of_times
-from tests.nsys_helpers import profile, require_nsys
+from tests.nsys_helpers import REPO, profile, require_nsys
 from tests.profiling.lab.test_report_edges import GOOD, KILLED, WORKERS, one_line, page_damaged, run
 
 
@@ -152,3 +152,20 @@ def test_the_head_line_prints_the_measured_epoch_of_the_summary_and_its_page(tmp
     assert head in summary["one_line"] and head in out
     page = (tmp_path / "ddp_cpu2.summary.md").read_text()
     assert f"`{summary['one_line']}`" in page and f"the what-if use) {measured['s']:.3g} s: the median of epochs 1-2" in page
+
+
+def test_the_what_if_page_links_its_model_and_tables_its_facts_instead_of_sentences(tmp_path, capsys):
+    """Before: a 421-word paragraph of the model before the tables, and each prediction's facts one
+    sentence of about 150 words. The model lives once in docs/PROFILING.md, which the page links."""
+    from handler.profiling.whatif import ASSUMPTIONS, MODEL_SECTION
+    run("report", [shutil.copyfile(WORKERS, tmp_path / "w.sqlite"), "--brief"], capsys)
+    status, out, err = run("whatif", [tmp_path / "w.summary.json", "--gpus", "2"], capsys)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert ASSUMPTIONS in lines and len(ASSUMPTIONS.split()) < 25
+    assert "#### The what-if's model" in (REPO / "docs" / "PROFILING.md").read_text()
+    assert MODEL_SECTION == "docs/PROFILING.md#the-what-ifs-model"
+    facts = [line for line in lines[lines.index("| fact | value | where it was read |") + 2:] if line.startswith("| ")]
+    facts = facts[:next(i for i, line in enumerate(facts) if line.startswith("| count |"))]
+    assert [f.split(" | ")[0] for f in facts][:3] == ["| mode", "| link", "| sent a step"]
+    assert max(len(line.split()) for line in lines) < 80, max(lines, key=lambda line: len(line.split()))
