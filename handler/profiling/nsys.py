@@ -169,12 +169,19 @@ def damaged(export: Path, found: str) -> str:
     return f"{export} is truncated or damaged, not a readable nsys SQLite export (SQLite: {found}); {again(export)}"
 
 
+SQLITE_MAX_PATH = 512  # SQLite's own limit on a file's path (SQLITE_MAX_PATHNAME), below the system's
+
+
 def export_error(export: Path, err: sqlite3.DatabaseError) -> str:
     """A damaged page (SQLITE_CORRUPT, NOTADB) reads as damaged; a failed read of the disk as that;
     anything else (a missing table or column) as an export this nsys-free reader cannot read."""
     kind = getattr(err, "sqlite_errorname", "")
     if kind.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
         return damaged(export, str(err))
+    length = len(os.fsencode(str(export.absolute())))
+    if kind.startswith("SQLITE_CANTOPEN") and length > SQLITE_MAX_PATH:
+        return (f"{export} cannot be opened: its path is {length} bytes long, past the {SQLITE_MAX_PATH} SQLite "
+                "opens; move it (or its folder) to a shorter path")
     if kind.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_READONLY")):
         return f"{export} cannot be read (SQLite: {err}); check the file, its permissions and its disk"
     return (f"{export} lacks a table or column that nsys exports hold (SQLite: {err}); pass the .sqlite that "

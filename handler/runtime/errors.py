@@ -75,6 +75,8 @@ def too_long(name) -> str:
     """The one line for a path the file system refuses as too long (ENAMETOOLONG): its longest name, cut
     in the middle, and how long it is."""
     longest = max(os.fsencode(str(name or "")).split(b"/"), key=len, default=b"")
+    if not longest:
+        return "a file name is too long for the file system (most allow 255 bytes): rename the file (or its folder) shorter"
     text = shown(os.fsdecode(longest))
     cut = f"{text[:40]}...{text[-24:]}" if len(text) > 72 else text
     return (f"the file name {cut} is too long for the file system ({len(longest)} bytes; most allow 255): "

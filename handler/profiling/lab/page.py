@@ -215,10 +215,10 @@ def _apart(rows: list[dict]) -> None:
 
 
 def _unique(names: list[str]) -> list[str]:
-    """The names with only filename-safe characters, a clash numbered (-2, -3, ...)."""
+    """The names with only filename-safe characters, at most 200, a clash numbered (-2, -3, ...)."""
     out: list[str] = []
     for name in names:
-        safe = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-") or "report"
+        safe = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-")[:200] or "report"  # + .png, .sqlite: < 255 bytes
         candidate, k = safe, 1
         while candidate in out:
             k += 1

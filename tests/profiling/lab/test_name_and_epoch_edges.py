@@ -71,6 +71,22 @@ def test_a_name_past_the_file_systems_limit_is_one_line_naming_it(tmp_path, caps
     assert " is too long for the file system (" in line and line.endswith("rename the file (or its folder) shorter")
 
 
+def test_the_lab_page_of_long_valid_names_names_its_own_files_within_the_limit(tmp_path, capsys):
+    """A folder of 120 and a report of 200 characters, each a valid name: before, the page's own figure name
+    (folder + report) passed 255 bytes: `OSError: File name too long`. A path past the 512 bytes SQLite
+    opens is one line saying so (before: "check the file, its permissions and its disk")."""
+    folder = tmp_path / ("d" * 120)
+    folder.mkdir()
+    report = shutil.copyfile(WORKERS, folder / ("ddp_" + "r" * 196 + ".sqlite"))
+    status, _, err = run("report", [report, "--lab", "--out", tmp_path / "lab"], capsys)
+    assert status == 0, err
+    assert all(len(p.name) <= 255 for p in (tmp_path / "lab").rglob("*")) and (tmp_path / "lab" / "lab.md").is_file()
+    deep = folder / ("e" * 200) / ("f" * 200)
+    deep.mkdir(parents=True)
+    status, _, err = run("report", [shutil.copyfile(WORKERS, deep / "w.sqlite"), "--out", tmp_path / "out"], capsys)
+    assert "cannot be opened: its path is " in one_line(status, err, "report") and "past the 512 SQLite opens" in err
+
+
 def test_a_damaged_export_beside_its_report_names_an_export_command_that_replaces_it(tmp_path, capsys):
     """X.sqlite beside X.nsys-rep, damaged inside, is reused on every run. Before, its advice
     (`nsys export --type sqlite REPORT`) failed with nsys' "File already exists"."""
