@@ -39,7 +39,7 @@ from typing import Any
 from bench.common import ROOT, check_target, context, emit, parser, table
 from handler.profiling.scaling.comm_model import check, fit, predict_hosts, ring_messages, scaling
 from handler.DDP.options import COMM_HOOKS
-from handler.runtime.errors import UserError, one_line_errors
+from handler.runtime.errors import UserError, one_line_errors, positive_int, positive_number
 
 CLUSTER = Path(os.environ.get("HARNESS_CLUSTER_SH") or ROOT / "scripts" / "cluster.sh")
 SHAPED = "every host's link, both directions, alike"  # so each ring hop costs the same: the ring formula's case
@@ -185,9 +185,9 @@ def main(argv=None) -> dict:
     p.add_argument("--rates", help="comma-separated Mbit/s (default: 1000,200,50,10; --quick 1000,50,10)")
     p.add_argument("--delays", help="comma-separated ms each way on node1's link (default 0,1,5)")
     p.add_argument("--hosts", type=int, help="the host count predicted from the 2-host fit (default 4; 2: none)")
-    p.add_argument("--steps", type=int, help="timed steps per hook, cell and round")
-    p.add_argument("--rounds", type=int, help="rounds over the 2-host cells (full 4, --quick 2)")
-    p.add_argument("--gpu-epoch-s", type=float,
+    p.add_argument("--steps", type=positive_int, help="timed steps per hook, cell and round")
+    p.add_argument("--rounds", type=positive_int, help="rounds over the 2-host cells (full 4, --quick 2)")
+    p.add_argument("--gpu-epoch-s", type=positive_number,
                    help=f"a measured 1-GPU ResNet-18 epoch (45,000 images, batch 256) for the scaling table "
                         f"(default: ASSUMED {ASSUMED_GPU_EPOCH_S:g} s, see docs/COMM.md)")
     args = p.parse_args(argv)
@@ -216,12 +216,23 @@ def main(argv=None) -> dict:
     return emit("comm", results, args, report(results), started)
 
 
+def numbers(text: str, flag: str, kind: str, above_zero: bool = False) -> tuple[float, ...]:
+    """A comma-separated list of finite numbers (above 0, or 0 or more); UserError naming the flag and kind."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(math.isfinite(v) and (v > 0 if above_zero else v >= 0) for v in values):
+        raise UserError(f"{flag} {text!r} is not a list of {kind}")
+    return values
+
+
 def sized(args) -> dict[str, Any]:
     size: dict[str, Any] = dict(QUICK if args.quick else FULL)
     if args.rates:
-        size["rates"] = tuple(float(r) for r in args.rates.split(","))
+        size["rates"] = numbers(args.rates, "--rates", "Mbit/s above 0, e.g. --rates 1000,50", above_zero=True)
     if args.delays:
-        size["delays"] = tuple(float(d) for d in args.delays.split(","))
+        size["delays"] = numbers(args.delays, "--delays", "ms each way, 0 or more, e.g. --delays 0,5")
     if args.hosts is not None:
         if not 2 <= args.hosts <= 16:
             raise UserError(f"--hosts {args.hosts}: use 2..16 (one rank per host; 2 fits the model, more checks it)")

@@ -13,7 +13,7 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Optional, Union
 
-from handler.runtime.errors import OneLineParser
+from handler.runtime.errors import OneLineParser, UserError
 from handler.runtime.cpu_memory import keep_freed_memory
 from handler.compare.provenance import hardware, now, versions
 
@@ -33,6 +33,20 @@ def parser(doc: Optional[str]) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds; for smoke tests")
     p.add_argument("--json", type=Path, help="also write the results JSON here")
     return p
+
+
+def results_cells(path: Path, flag: str, fix: str) -> list[dict]:
+    """The cells of a compare results.json given as `flag`: one line naming what is wrong (missing, cut
+    short, not JSON, nested past reading, no `cells`, a cell without its name, mode or count) and `fix`."""
+    from handler.profiling.lab.metrics_file import read_json
+    data = read_json(path, f"{flag} {path}", fix)
+    cells = data.get("cells") if isinstance(data, dict) else None
+    if not isinstance(cells, list):
+        raise UserError(f"{flag} {path} holds no `cells` list: not a compare results.json; {fix}")
+    for i, cell in enumerate(cells):
+        if not isinstance(cell, dict) or not isinstance(cell.get("name"), str):
+            raise UserError(f"{flag} {path}: `cells[{i}]` is not a cell with a name; {fix}")
+    return cells
 
 
 def alternate(candidates: dict, rounds: int) -> dict:

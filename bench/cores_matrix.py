@@ -13,14 +13,13 @@ measured and predicted epoch, their ratio, the loaders' and the ranks' CPU time 
 median and worst error against the goal (a median of 15 % at most, no cell worse than 20 %).
 The numbers mean something only on a box nothing else uses: the load before and after says so.
 """
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from statistics import median
 
-from bench.common import context, emit, parser
+from bench.common import context, emit, parser, results_cells
 from bench.whatif import FULL, QUICK, run_matrix
 from handler.runtime.errors import UserError, one_line_errors
 
@@ -37,8 +36,9 @@ def isa() -> str:
 def cpu_times(folder: Path, mode: str, count: int) -> dict:
     """The cell's machine.loader_cpu_ms and rank_cpu_ms, from its metrics JSON (the kit's layout)."""
     from handler.profiling.scaling.cores import cpu_time_of
+    from handler.profiling.lab.metrics_file import read_metrics
     found = sorted(folder.glob(f"nsight_logs/{mode}_[0-9]*/gpu_{count}.metrics.json"))
-    return cpu_time_of(json.loads(found[-1].read_text())) if found else cpu_time_of(None)
+    return cpu_time_of(read_metrics(found[-1], "run the matrix again (--out DIR)") if found else None)
 
 
 def markdown(cells: list, times: dict, box: dict) -> tuple[str, dict]:
@@ -55,6 +55,9 @@ def markdown(cells: list, times: dict, box: dict) -> tuple[str, dict]:
         t = times.get(c["name"]) or {}
         cpu = [f"{t[k]:.0f}" if t.get(k) is not None else "not recorded" for k in ("loader_cpu_ms", "rank_cpu_ms")]
         seen, guess = c.get("measured_epoch_s"), c.get("predicted_epoch_s")
+        if not isinstance(seen, (int, float)):  # an older compare's results.json, or a cell without epochs
+            lines.append(f"| {c['name']} | not recorded | | | | {cpu[0]} | {cpu[1]} | |")
+            continue
         if guess is None or not seen:
             lines.append(f"| {c['name']} | {seen:.2f} | {c.get('predicted_from') or 'its own'} | | | {cpu[0]} | "
                          f"{cpu[1]} | |")
@@ -88,7 +91,8 @@ def main(argv=None) -> None:
             if not results.is_file():
                 raise UserError(f"--from {folder}: no compare/results.json there; pass the folder a "
                                 "`python -m bench.cores_matrix --out DIR` run filled")
-            cells = json.loads(results.read_text())["cells"]
+            cells = results_cells(results, "--from", "run the matrix again with `python -m bench.cores_matrix "
+                                  "--out DIR` and pass that DIR")
         else:
             if not shutil.which("nsys"):
                 raise UserError("bench.cores_matrix predicts from nsys profiles, and nsys is not on PATH; "
@@ -96,7 +100,8 @@ def main(argv=None) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             train = QUICK if args.quick else [*FULL[:1], str(args.epochs), *FULL[2:]]
             cells = run_matrix(folder.resolve(), train)["cells"]
-        times = {c["name"]: cpu_times(folder, c["mode"], c["count"]) for c in cells if c.get("status") == "ok"}
+        times = {c["name"]: cpu_times(folder, str(c.get("mode")), c.get("count") or 0) for c in cells
+                 if c.get("status") == "ok"}
     finally:
         if not (args.source or args.out):
             shutil.rmtree(folder, ignore_errors=True)

@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
                   "--workers", str(args.workers), "--save", "none", *extra]
     rounds, rates, failures = [], {mode: [] for mode in MODES}, {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        train_args += ["--data", args.data or str(Path(tmp) / "data")]
+        train_args += [f"--data={args.data or Path(tmp) / 'data'}"]  # a folder named -x is a value
         for r in range(size["rounds"]):
             times: dict = {}
             for mode in round_order(r):

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import ROOT, context, emit, parser, table
+from bench.common import ROOT, context, emit, parser, results_cells, table
 from handler.runtime.errors import UserError, one_line_errors
 
 GOAL = 0.15  # median absolute error over the predicted cells (docs/RESULTS.md)
@@ -50,17 +50,11 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     started = context("whatif")
     if args.from_results:
-        try:
-            results = json.loads(args.from_results.read_text())
-        except (OSError, ValueError) as err:
-            raise UserError(f"--from-results {args.from_results}: not a readable results.json ({err}); pass the "
-                            "results.json that python -m handler.compare --lab wrote") from None
+        cells = results_cells(args.from_results, "--from-results",
+                              "pass the results.json that python -m handler.compare --lab wrote")
     else:
-        results = run_fresh(args)
-    if not isinstance(results, dict) or not isinstance(results.get("cells"), list):
-        raise UserError(f"{args.from_results} holds no cells; pass the results.json that python -m handler.compare "
-                        "--lab wrote")
-    text, found = summarise(results["cells"])
+        cells = run_fresh(args)["cells"]
+    text, found = summarise(cells)
     emit("whatif", found, args, text, started)
 
 
@@ -82,7 +76,7 @@ def summarise(cells: list) -> tuple[str, dict]:
     predicted = [c for c in cells if c.get("prediction_error") is not None]
     errors = sorted(abs(c["prediction_error"]) for c in predicted)
     median = (errors[(len(errors) - 1) // 2] + errors[len(errors) // 2]) / 2 if errors else None
-    rows = [[c["name"], c["status"], c.get("predicted_from") or "", c.get("predicted_epoch_s"), c.get("measured_epoch_s"),
+    rows = [[c["name"], c.get("status"), c.get("predicted_from") or "", c.get("predicted_epoch_s"), c.get("measured_epoch_s"),
              f"{c['prediction_error'] * 100:+.1f} %" if c.get("prediction_error") is not None else "",
              c.get("predicted_bound") or ""] for c in cells]
     text = table(["cell", "status", "from", "predicted s", "measured s", "error", "bound"], rows)

@@ -166,7 +166,7 @@ def coverage_map(data_file: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or " ").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or " ").splitlines()[0], allow_abbrev=False)
     parser.add_argument("--gpu-table", action="store_true", help="print the GPU-only table for docs/GPU_CHECK.md")
     parser.add_argument("--write-gpu-table", action="store_true", help="update docs/GPU_CHECK.md's copy of it in place")
     parser.add_argument("--data", type=Path, default=ROOT / ".coverage-data" / "cov", help="combined coverage data")

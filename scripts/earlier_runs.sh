@@ -20,5 +20,5 @@ move_earlier_run() {
     oldest="$(ls -tr -- "${files[@]}" | head -n 1)"
     dest="$dir/earlier/$name/$(date -r "$oldest" +%Y%m%d-%H%M%S)"
     [[ -e "$dest" ]] && dest="$dest-$$"
-    mkdir -p "$dest" && mv -- "${files[@]}" "$dest/" && echo "$dest"
+    mkdir -p -- "$dest" && mv -- "${files[@]}" "$dest/" && echo "$dest"
 }

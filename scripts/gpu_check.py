@@ -45,7 +45,11 @@ class Terminated(BaseException):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An unknown option or a missing value: one line, not argparse's usage block."""
+    """An unknown option or a missing value: one line, not argparse's usage block; a prefix of an
+    option is named, never taken for it (allow_abbrev=False)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"gpu_check: {message}; bash scripts/gpu_check.sh --help lists the options\n")

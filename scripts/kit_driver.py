@@ -116,7 +116,7 @@ def verdict(records: List[dict], n_train: int, n_test: int, expect_backend: Opti
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--mode", choices=("ddp", "ddp_dali"), default="ddp_dali")
     p.add_argument("--num_gpu", type=int, default=2)
     p.add_argument("--data", required=True, help="the kit's PNG tree (write_png_tree)")

@@ -78,11 +78,15 @@ NSYS_EXIT_TIMEOUT="${NSYS_EXIT_TIMEOUT:-120}"
     || die "NSYS_EXIT_TIMEOUT='$NSYS_EXIT_TIMEOUT' is not a positive number of seconds; e.g. NSYS_EXIT_TIMEOUT=300"
 [[ -z "${PROFILE_EPOCHS:-}" || "$PROFILE_EPOCHS" =~ ^(all|[0-9]+(:[0-9]+)?)$ ]] \
     || die "PROFILE_EPOCHS='$PROFILE_EPOCHS' is not A:B or all; e.g. PROFILE_EPOCHS=1:2 (0-based epochs, inclusive)"
+# The longest file made from it, NAME.partial.sqlite (the report's export), must fit a file name's 255 bytes.
+file_name="${NSIGHT_FILE_NAME:-}" name_bytes="$(LC_ALL=C; echo "${#file_name}")"
+[[ -z "${NSIGHT_FILE_NAME:-}" ]] || (( name_bytes <= 240 )) || die "NSIGHT_FILE_NAME is $name_bytes bytes long;" \
+    "its files (NAME.summary.json, NAME.partial.sqlite) would pass the file system's 255: name it in 240 or fewer"
 case "${GPU_METRICS:-0}" in 0|1) ;; *) die "GPU_METRICS='$GPU_METRICS' is not 0 or 1; use GPU_METRICS=1 to sample GPU metrics (GPU runs)" ;; esac
 # The folders, before any set-up: one line naming the setting, never mkdir's message.
 folder_problem() {  # $1 the setting's name, $2 its folder
     local up="$2"
-    while [[ ! -e $up && $up != / && $up != . ]]; do up="$(dirname "$up")"; done
+    while [[ ! -e $up && $up != / && $up != . ]]; do up="$(dirname -- "$up")"; done
     [[ $up == "$2" ]] && [[ ! -d $up ]] && { echo "$1=$2 is a file; name a folder (it is made if missing)"; return; }
     [[ -d $up ]] || { echo "$1=$2 is under $up, which is a file; name a folder"; return; }
     [[ -w $up && -x $up ]] || echo "$1=$2: cannot write in $up; name a folder you can write in"
@@ -157,7 +161,7 @@ fi
 
 report="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.nsys-rep"
 metrics="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.metrics.json"
-mkdir -p "$NSIGHT_LOG_DIR" 2>/dev/null || die "NSIGHT_LOG_DIR=$NSIGHT_LOG_DIR cannot be made; name a folder you can write in"
+mkdir -p -- "$NSIGHT_LOG_DIR" 2>/dev/null || die "NSIGHT_LOG_DIR=$NSIGHT_LOG_DIR cannot be made; name a folder you can write in"
 # An earlier run's report, metrics and summary under this name move aside, never deleted; a
 # failed run then never shows the previous run's results either (scripts/earlier_runs.sh).
 source "$ROOT/scripts/earlier_runs.sh"
@@ -177,9 +181,10 @@ fi
 [[ $MODE == ddp_dali && -d "$DATA_DIR/train" ]] && smoke+=(--dali-source files)
 window=()
 [[ -n "${PROFILE_EPOCHS:-}" ]] && window=(--profile-epochs "$PROFILE_EPOCHS")
-# The smoke defaults come first so that argparse lets the caller's arguments win.
-train=("$PYTHON" "$ROOT/train_cifar.py" --mode "$MODE" --num_gpu "$NUM_GPUS" --data "$DATA_DIR"
-       --ckpt "$CKPT_DIR" --metrics "$metrics" "${smoke[@]}" "${window[@]}" "$@")
+# The smoke defaults come first so that argparse lets the caller's arguments win. A path goes as
+# --opt=PATH: a folder named -data is then a value, never read as a flag.
+train=("$PYTHON" "$ROOT/train_cifar.py" --mode "$MODE" --num_gpu "$NUM_GPUS" --data="$DATA_DIR"
+       --ckpt="$CKPT_DIR" --metrics="$metrics" "${smoke[@]}" "${window[@]}" "$@")
 
 # The value of option $1 that train_cifar.py will see (the last one given), else $2.
 option_of() {
@@ -235,7 +240,7 @@ if [[ $profiled == 1 ]]; then
         bash "$ROOT/scripts/nsys_watch.sh" "$watch_dir/pid" "$metrics" "$watch_dir/cause" "$NSYS_EXIT_TIMEOUT" &
         watchdog=$!
         bash -c 'echo $$ >"$0"; exec "$@"' "$watch_dir/pid" \
-            nsys profile "${NSYS_PROFILE_OPTS[@]}" --output "$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME" "${train[@]}" \
+            nsys profile "${NSYS_PROFILE_OPTS[@]}" --output="$NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME" "${train[@]}" \
             || status=$?
         wait "$watchdog" || true
     }
@@ -265,9 +270,9 @@ fi
 if [[ $profiled == 1 && -f "$report" ]]; then
     say "report:  $report"
     analysis=(--brief)
-    [[ -f "$metrics" ]] && analysis+=(--metrics "$metrics")
+    [[ -f "$metrics" ]] && analysis+=(--metrics="$metrics")
     # A failed analysis is reported but never changes the run's exit status.
-    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m handler.profiling.report "$report" "${analysis[@]}" \
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m handler.profiling.report "${analysis[@]}" -- "$report" \
         && say "summary: $NSIGHT_LOG_DIR/$NSIGHT_FILE_NAME.summary.md" || true
 fi
 # Last, so that it is the line a user sees: nsys never started the program, tried twice.

@@ -32,9 +32,10 @@ from tqdm.auto import tqdm
 from ..modes import MODES, option_choices
 from ..profiling.lab.page import write_cells_lab
 from ..runtime.devices import cuda_status
-from ..runtime.errors import OneLineParser, UserError, one_line_errors
+from ..runtime.errors import OneLineParser, UserError, one_line_errors, seconds
 from ..runtime.out_folder import check_out_folder
-from .cells import build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, sweep_hooks
+from .cells import (build_variants, check_args, default_counts, matrix, parse_counts, skip_reason, split_args,
+                    sweep_hooks)
 from .plots import write_plots
 from .predict import add_predictions
 from .provenance import provenance
@@ -76,10 +77,10 @@ def parse_args(argv):
                    help="add nsys GPU metrics sampling (SM active, DRAM, PCIe) to every profiled cell "
                         "(GPU_METRICS=1 for scripts/launch.sh)")
     p.add_argument("--extra", default="", metavar="ARGS", help="train_cifar.py options for every cell, one string")
-    p.add_argument("--timeout", type=float, default=0, metavar="S",
+    p.add_argument("--timeout", type=seconds, default=0, metavar="S",
                    help="stop a cell after S seconds and record it as failed (default: no limit)")
     args = p.parse_args(runner_argv)
-    args.train_args = [*train_argv, *shlex.split(args.extra)]
+    args.train_args = [*train_argv, *split_args(args.extra, f"--extra {args.extra!r}")]
     check_args(args.train_args, "the train arguments")
     return args
 
@@ -97,7 +98,7 @@ def load_comm_bench(path: Path) -> dict:
         data = json.loads(path.read_text())
         if data["rows"] and all({"rate_mbit", "hook", "step_s"} <= set(r) for r in data["rows"]):
             return data
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         pass
     raise UserError(f"--comm-bench {path} is not a bench.comm result; write one with "
                     "python -m bench.comm --json PATH")

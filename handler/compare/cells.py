@@ -7,7 +7,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..runtime.errors import UserError
+from ..runtime.errors import UserError, shown
 
 # The runner sets these per cell; a user's copy would silently break the matrix.
 RESERVED = ("--mode", "--num_gpu", "--num-gpu", "--metrics")
@@ -39,16 +39,32 @@ class Cell:
         return re.sub(r"[^A-Za-z0-9.+]+", "-", f"{self.variant.label} n{self.count}").strip("-")
 
 
-def parse_variant(spec: str, modes) -> Variant:
+def parse_variant(spec: str, modes, flag: str = "--cell") -> Variant:
+    """flag: the option that named the variant, as the user typed it (--modes names a mode alone)."""
+    if flag == "--modes":
+        if spec not in modes:
+            raise UserError(f"--modes: {spec!r} is not a mode; name modes among {', '.join(modes)} (options of a "
+                            "mode go in --cell 'MODE:ARGS')")
+        return Variant(spec, spec)
     head, _, rest = spec.partition(":")
     label, _, mode = head.rpartition("=")
     mode, label = mode.strip(), label.strip()
     if mode not in modes:
         raise UserError(f"--cell {spec!r}: {mode!r} is not a mode; write MODE, MODE:ARGS or "
                         f"LABEL=MODE:ARGS with MODE one of {', '.join(modes)}")
-    args = tuple(shlex.split(rest))
+    args = tuple(split_args(rest, f"--cell {spec!r}"))
     check_args(args, f"--cell {spec!r}")
-    return Variant(label or " ".join((mode, *args)), mode, args)
+    return Variant(shown(label or " ".join((mode, *args))), mode, args)  # a byte not UTF-8: \xNN on pages, plots
+
+
+def split_args(text: str, where: str) -> list[str]:
+    """A user's string of train_cifar.py options, split as a shell would; an unclosed quote or a
+    trailing backslash is one line naming `where`."""
+    try:
+        return shlex.split(text)
+    except ValueError as err:
+        raise UserError(f"{where} cannot be split into options ({err}: a quote is not closed, or a backslash "
+                        "ends it); close the quote, e.g. --extra \"--label 'my run'\"") from None
 
 
 def check_args(args, where: str) -> None:
@@ -80,7 +96,7 @@ def build_variants(modes_text, cell_specs, all_modes) -> list:
     variants = []
     if modes_text is not None:
         for mode in (m.strip() for m in modes_text.split(",") if m.strip()):
-            variants.append(parse_variant(mode, all_modes))
+            variants.append(parse_variant(mode, all_modes, "--modes"))
     variants += [parse_variant(spec, all_modes) for spec in cell_specs]
     if modes_text is None and not cell_specs:
         variants = [Variant(mode, mode) for mode in all_modes]

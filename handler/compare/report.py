@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 from ..profiling.scaling.epochs import RULE as EPOCH_RULE, short as epoch_note
+from ..runtime.errors import shown
 from ..runtime.names import BACKWARD, DATA_GPU, FORWARD, OPTIMIZER
 from .predict import markdown as prediction_lines
 from .provenance import markdown as provenance_lines
@@ -75,7 +76,7 @@ def markdown(rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled
 
 def write_report(out: Path, rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled: bool) -> Path:
     page = markdown(rows, plots, prov, recipe, dataset, profiled)
-    (out / "report.md").write_text(page)
+    (out / "report.md").write_text(shown(page))
     data = {"schema": 1, "provenance": prov, "dataset": dataset, "profiled": profiled, "recipe": recipe,
             "plots": plots, "cells": [r.as_dict() for r in rows]}
     (out / "results.json").write_text(json.dumps(data, indent=2))

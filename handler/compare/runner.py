@@ -146,5 +146,5 @@ def _stop(proc: subprocess.Popen) -> None:
 def _read_json(path: Path) -> Optional[dict]:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None

@@ -12,7 +12,7 @@ from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHAS
 
 from .bubble import pipeline_stats
 from .devices import gpu_table
-from .scaling.epochs import contract, of_ranks
+from .scaling.epochs import contract, of_summary
 from .comm import comm_stats, first_comm_starts, stragglers
 from .conventions import library_of, unmatched_phases
 from .gpu_metrics import device_map, summarize_metrics
@@ -44,7 +44,7 @@ def summarize(trace: Trace, metrics: dict | None = None, report=None) -> dict:
     summary["gpus"] = gpu_table(trace)
     summary["incomplete"] = incomplete(ranks)
     summary["run"] = run_block(summary, metrics, report)
-    summary["measured_epoch"] = contract(of_ranks(ranks))  # the one epoch time every page uses (epochs.py)
+    summary["measured_epoch"] = contract(of_summary(summary))  # the one epoch time every page uses (epochs.py)
     return summary
 
 

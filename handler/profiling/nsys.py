@@ -1,13 +1,14 @@
 """The nsys command line: finding it and exporting a report to SQLite."""
 import os
 import re
+import shlex
 import shutil
 import sqlite3
 import subprocess
 from contextlib import closing, contextmanager
 from pathlib import Path
 
-from handler.runtime.errors import UserError
+from handler.runtime.errors import UserError, too_long
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")  # .qdrep: nsys before 2021.4
 
@@ -90,7 +91,19 @@ def _export_version(export: Path) -> str | None:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-AGAIN = "export the .nsys-rep again (nsys export --type sqlite REPORT) or record the run again"
+
+
+def again(export: Path) -> str:
+    """How to replace a bad export: nsys export keeps a file already there ("File already exists")
+    unless told to overwrite it, so the command says so; where the report lies beside the export, with
+    its names."""
+    beside = next((r for r in map(export.with_suffix, REPORT_SUFFIXES) if r.is_file()), None)
+    if beside is None:
+        return ("export the .nsys-rep again over it (nsys export --type sqlite --force-overwrite=true REPORT) "
+                "or record the run again")
+    return (f"export {beside.name} again over it (nsys export --type sqlite --force-overwrite=true --output "
+            f"{shlex.quote(str(export))} {shlex.quote(str(beside))}), or move {export.name} away and run the report "
+            f"again: it exports {beside.name} afresh")
 
 
 def export_problem(export: Path) -> str | None:
@@ -104,7 +117,7 @@ def export_problem(export: Path) -> str | None:
     except OSError as err:
         return f"{export} cannot be read ({err.strerror}); check its permissions"
     if size == 0:
-        return f"{export} is empty (0 bytes): its export or copy stopped before writing; {AGAIN}"
+        return f"{export} is empty (0 bytes): its export or copy stopped before writing; {again(export)}"
     if not head.startswith(SQLITE_HEADER):
         return (f"{export} is not SQLite (not an nsys SQLite export at all); pass the .nsys-rep, or the .sqlite "
                 "that nsys export wrote from it")
@@ -114,7 +127,7 @@ def export_problem(export: Path) -> str | None:
     pages = int.from_bytes(head[28:32], "big") if head[92:96] == head[24:28] else 0
     if len(head) < 100 or size < page * pages:
         return (f"{export} is truncated ({size} of the {page * pages} bytes its SQLite header says): it was cut "
-                f"off while written or copied; {AGAIN}")
+                f"off while written or copied; {again(export)}")
     return None
 
 
@@ -153,7 +166,10 @@ def open_export(export: Path):
 def damaged(export: Path, found: str) -> str:
     """found: SQLite's words for the damage (an error, or quick_check's first finding), on one line."""
     found = " ".join(found.replace("*** in database main ***", "").split())
-    return f"{export} is truncated or damaged, not a readable nsys SQLite export (SQLite: {found}); {AGAIN}"
+    return f"{export} is truncated or damaged, not a readable nsys SQLite export (SQLite: {found}); {again(export)}"
+
+
+SQLITE_MAX_PATH = 512  # SQLite's own limit on a file's path (SQLITE_MAX_PATHNAME), below the system's
 
 
 def export_error(export: Path, err: sqlite3.DatabaseError) -> str:
@@ -162,10 +178,14 @@ def export_error(export: Path, err: sqlite3.DatabaseError) -> str:
     kind = getattr(err, "sqlite_errorname", "")
     if kind.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
         return damaged(export, str(err))
+    length = len(os.fsencode(str(export.absolute())))
+    if kind.startswith("SQLITE_CANTOPEN") and length > SQLITE_MAX_PATH:
+        return (f"{export} cannot be opened: its path is {length} bytes long, past the {SQLITE_MAX_PATH} SQLite "
+                "opens; move it (or its folder) to a shorter path")
     if kind.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_READONLY")):
         return f"{export} cannot be read (SQLite: {err}); check the file, its permissions and its disk"
     return (f"{export} lacks a table or column that nsys exports hold (SQLite: {err}); pass the .sqlite that "
-            "nsys export wrote, unedited, or export the .nsys-rep again (nsys export --type sqlite REPORT)")
+            f"nsys export wrote, unedited, or {again(export)}")
 
 
 def release(version: str | None) -> tuple[int, ...]:
@@ -219,6 +239,8 @@ def sqlite_export(report: Path, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     # Export under a temporary name so an interrupted export is never reused as fresh.
     partial = out_dir / f"{report.stem}.partial.sqlite"
+    if len(os.fsencode(partial.name)) > os.pathconf(out_dir, "PC_NAME_MAX"):  # nsys would call the report damaged
+        raise UserError(f"{too_long(partial)}: it is the export's name for {report.name}; rename the report shorter")
     try:
         result = subprocess.run(
             [nsys_executable(), "export", "--type=sqlite", "--force-overwrite=true", "--quiet=true",

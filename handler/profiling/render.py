@@ -31,7 +31,7 @@ def one_line(summary: dict) -> str:
     if gpu:
         parts[0:1] = [f"data-stall {pct(overall['gpu_data_stall_share'] or 0.0)}",
                       f"{GPU_LABELS[DATA_GPU]} {pct(shares.get(DATA_GPU) or 0.0)}"]
-    parts.append(f"epoch {num(overall['epoch_mean_s'])} s")
+    parts.append(f"epoch {num(of_summary(summary)['s'])} s")  # the measured epoch, as every page's (scaling/epochs.py)
     if summary["gpu_trace"]:
         parts += [f"gpu idle {pct(overall['gpu_idle_share'])}", f"nccl {pct(overall['nccl_share'])}"]
     if overall.get("comm_share") is not None:

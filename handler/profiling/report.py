@@ -15,12 +15,12 @@ import json
 import os
 from pathlib import Path
 
-from handler.runtime.errors import OneLineParser, UserError, one_line_errors
+from handler.runtime.errors import OneLineParser, UserError, one_line_errors, shown
 from handler.runtime.names import EPOCH
 from handler.runtime.out_folder import check_out_folder
 
 from .analysis import incomplete, summarize
-from .scaling.epochs import contract, of_ranks
+from .scaling.epochs import contract, of_summary
 from .scaling.machine import machine_of
 from .merge import markdown_lines as merge_lines
 from .merge import merge
@@ -104,7 +104,7 @@ def main(argv=None) -> None:
         entries, out = lab_reports(args.report), args.out or _folder(args.report[0])
         check_out_folder(out, "the lab page's folder (no --out given)", "pass --out DIR, a folder you can write")
         page, left_off = build_lab(entries, out, convention)
-        print(page, flush=True)
+        print(shown(page), flush=True)
         say_left_off(left_off, len(entries), out)  # after the page, so that a terminal ends on them
         return
     reports = reports_of(args.report)
@@ -117,6 +117,7 @@ def main(argv=None) -> None:
         analysis = summarize(trace, metrics, report=reports[0])
         analysis["machine"] = machine_of(export, analysis["ranks"], metrics, trace.processes)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
+        analysis["measured_epoch"] = contract(of_summary(analysis))  # the window says which epoch warmed up
         name, title, extra = reports[0].stem, reports[0].name, []
         recorded = recorded_version(reports[0])
         summary = {"report": str(reports[0]), "nsys_export_version": nsys_version(),
@@ -125,8 +126,8 @@ def main(argv=None) -> None:
     else:
         analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
         analysis["incomplete"] = incomplete(analysis["ranks"])
-        analysis["measured_epoch"] = contract(of_ranks(analysis["ranks"]))  # as summarize's (scaling/epochs.py)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
+        analysis["measured_epoch"] = contract(of_summary(analysis))  # as summarize's (scaling/epochs.py)
         name = job_name(reports)
         title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)
         summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),
@@ -134,12 +135,13 @@ def main(argv=None) -> None:
     if summary["incomplete"]:
         summary["one_line"] += (f"; cut short inside {EPOCH(summary['incomplete']['epoch'])} "
                                 f"(complete epochs counted: {summary['incomplete']['complete_epochs']})")
-    page = markdown(summary, title) + ("\n" + "\n".join(extra) if extra else "")
+    page = markdown(summary, title) + ("\n" + "\n".join(extra) if extra else "")  # shown: a name not UTF-8
     for note in ([f"Recorded by nsys {summary['recorded_by_nsys']}; {summary['open_with']}."] if summary.get("open_with")
                  else []) + ([f"Cut short: {summary['incomplete']['line']}."] if summary["incomplete"] else []):
         head, _, rest = page.partition("\n\n")
         page = f"{head}\n\n{note}\n\n{rest}"
     out_dir.mkdir(parents=True, exist_ok=True)
+    page = shown(page)
     (out_dir / f"{name}.summary.md").write_text(page)
     (out_dir / f"{name}.summary.json").write_text(json.dumps(summary, indent=2))
     print(summary["one_line"] if args.brief else page, flush=True)

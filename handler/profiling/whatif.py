@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from handler.runtime.errors import OneLineParser, UserError, one_line_errors
+from handler.runtime.errors import OneLineParser, UserError, one_line_errors, shown
 
 from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
                             parse_link, payload)
@@ -31,31 +31,9 @@ from .lab.summary_check import check_summary
 from .nsys import REPORT_SUFFIXES
 
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
-ASSUMPTIONS = (
-    "Model (handler/profiling/whatif.py, handler/profiling/scaling/): the global batch and the steps per epoch stay "
-    "as in the report. The step splits into the wait for data (between the step ranges and the `data`/`h2d` phases "
-    "inside them), the host's work inside the step, the GPU's busy time and the communication no compute hid; at the "
-    "report's own count they add up to its measured step. The wait goes to the loaders' cores: each process's "
-    "loader uses its workers' cores (its own thread without workers) beside one core for each rank's main thread, "
-    "up to the host's cores read from the report (past them it stops shrinking); dp and pp (one loader) keep it; a "
-    "CPU run's loaders share the ranks' cores, so it stays. The host's work stays; the GPU's busy time splits over "
-    "the GPUs. A CPU run's cores are one resource: its compute spreads over the ranks' threads (up to the cores), "
-    "and its loaders' CPU time, measured by the run (metrics epochs[].cpu_time; else nsys' scheduler events), lands on the ranks' cores, "
-    "stalling a rank whose threads meet at every operator for the share of it on its cores (all of it for one "
-    "rank of every core, 1/n for n ranks of one core each), its compute at n scaled by the threads' efficiency "
-    "other modes' reports of the machine measured there (their own loaders taken out); a run that recorded no CPU "
-    "time takes its compute at "
-    "n from another mode's reports of the same machine, else holds it, and says so. ddp's all-reduce is the ring model "
-    "(handler/profiling/scaling/comm_model.py; bench.comm checks it) of what its comm hook sends (docs/COMM.md), "
-    "fsdp's 1.5 times its gradients (two gathers, one reduce-scatter), hidden "
-    "behind backward where it can be; dp's broadcast and gather cross the link "
-    "one GPU at a time, and fewer GPUs than the report never take it off their compute; pp has no all-reduce, its "
-    "pipeline span follows the bubble (M + W - 1 slots of 1/W of the work, never less than the work spread over the "
-    "stages). A ring across nodes rides the slower of the node's link and the link between nodes. The run's own "
-    "facts (its summary's `run` block: mode, gradients, nodes, micro-batches; the ranks' cores) come first. A GPU "
-    "step is the larger of (wait + host work) and the GPU's busy time, plus the exposed communication; "
-    "a CPU step is their sum. The bound is the largest part, in the lab page verdict's words. Not modelled: pp's "
-    "activations between stages, batch-size effects on kernels.")
+MODEL_SECTION = "docs/PROFILING.md#the-what-ifs-model"
+ASSUMPTIONS = (f"How the what-if predicts, and what it leaves out: [the what-if's model]({MODEL_SECTION}) "
+               "(handler/profiling/whatif.py, handler/profiling/scaling/).")
 
 
 def gradient_mb(model: str | None) -> float:
@@ -115,47 +93,64 @@ def devices(n: int, gpu: bool) -> str:
     return f"{n} GPU{'s' if n > 1 else ''}" if gpu else f"{n} CPU process{'es' if n > 1 else ''}"
 
 
+def fact_rows(found: dict) -> list[tuple[str, str, str]]:
+    """What the prediction read and what it assumed: (fact, value, where it was read)."""
+    m, link, split, nodes, between = found["machine"], found["link"], found["split"], found["nodes"], found["between"]
+    rows = [("mode", found["harness_mode"], found["mode_from"]),
+            ("link", f"{_rate(link)}, {link.latency_us:g} us a message", link.source)]
+    if nodes.per_node:
+        rows.append(("nodes", f"{nodes.nodes} of {nodes.per_node}: counts past {nodes.per_node} span nodes", nodes.from_))
+        if between:
+            rows.append(("link between nodes", f"{_rate(between)}: a ring across nodes rides it", between.source))
+    rows.append(("sent a step", "no all-reduce (pp)", "the mode") if found["mode"] == "pp" else
+                ("sent a step", found["sent"].says, found["grad_from"]))
+    host = f" (the host has {m['host_cores']})" if m.get("host_cores") and m["host_cores"] != m.get("cpu_cores") else ""
+    rows.append(("CPU cores", f"{m['cpu_cores']}{host}", m.get("cpu_cores_from") or "not said") if m.get("cpu_cores")
+                else ("CPU cores", "not recorded", (f"{m['cpu_cores_from']}; " if (m.get("cpu_cores_from") or "not recorded")
+                                                    != "not recorded" else "") + "assumed: every loader gets cores of its own"))
+    rows.append(("loader workers per process", f"{m['loader_workers']:g}", m.get("loader_workers_from") or "not said")
+                if m.get("loader_workers") is not None else
+                ("loader workers per process", "not recorded",
+                 f"{m.get('loader_workers_from') or 'not recorded'}; assumed: 1 core per loader"))
+    if not split.gpu and found["mode"] != "dp":
+        rows.append(("CPU compute at other counts", *_cpu_facts(m, found["factors"])))
+    if found["mode"] == "dp":
+        rows.append(("dp", "one process drives every GPU: its broadcast and gather cross the link", "the mode"))
+    return rows + _microbatches(found)
+
+
 def facts(found: dict) -> str:
-    """What the prediction read and what it assumed, in one sentence."""
-    m, link = found["machine"], found["link"]
-    rate = "unbounded" if math.isinf(link.gbit) else f"{link.gbit:.3g} Gbit/s"
-    host = f"; the host has {m['host_cores']}" if m.get("host_cores") and m["host_cores"] != m.get("cpu_cores") else ""
-    cores = f"{m['cpu_cores']} CPU cores ({m['cpu_cores_from']}{host})" if m.get("cpu_cores") else \
-        ("CPU cores not recorded (assumed: every loader gets cores of its own"  # the reason, where one was read
-         + (f"; {m['cpu_cores_from']}" if (m.get("cpu_cores_from") or "not recorded") != "not recorded" else "") + ")")
-    workers = (f"{m['loader_workers']:g} loader workers per process ({m['loader_workers_from']})"
-               if m.get("loader_workers") is not None else
-               f"loader workers {m.get('loader_workers_from') or 'not recorded'} (assumed: 1 core per loader)")
-    split = found["split"]
-    held = "" if split.gpu or found["mode"] == "dp" else _cpu_facts(m, found["factors"])
-    comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
-    return (f"{found['harness_mode']} ({found['mode_from']}); link {rate}, {link.latency_us:g} us a message "
-            f"({link.source}){found['nodes'].says(found['between'])}; {comm}; {cores}; {workers}{held}"
-            + ("; dp: one process drives every GPU, its broadcast and gather cross the link" if found["mode"] == "dp"
-               else "") + _microbatches(found))
+    """fact_rows as a markdown table."""
+    return "\n".join(["| fact | value | where it was read |", "|---|---|---|",
+                      *(f"| {fact} | {value} | {where} |" for fact, value, where in fact_rows(found))])
 
 
-def _microbatches(found: dict) -> str:
+def _rate(link: Link) -> str:
+    return "unbounded" if math.isinf(link.gbit) else f"{link.gbit:.3g} Gbit/s"
+
+
+def _microbatches(found: dict) -> list[tuple[str, str, str]]:
     pipe = found["split"].pipeline
     if found["mode"] != "pp" or not pipe:
-        return ""
+        return []
     if pipe.get("microbatches"):
-        return f"; pp: {pipe['microbatches']} micro-batches ({found['micro_from']})"
-    return f"; pp: {PP_MICROBATCHES} micro-batches (not recorded: the harness default assumed)"
+        return [("pp micro-batches", str(pipe["microbatches"]), found["micro_from"])]
+    return [("pp micro-batches", str(PP_MICROBATCHES), "not recorded: the harness default assumed")]
 
 
-def _cpu_facts(m: dict, factors: dict) -> str:
-    """Where a CPU run's compute at other counts came from (scale.cpu_compute's order)."""
+def _cpu_facts(m: dict, factors: dict) -> tuple[str, str]:
+    """Where a CPU run's compute at other counts came from (scale.cpu_compute's order): (value, where)."""
+    measured = ", ".join(f"{n}: x{f:.2f}" for n, f in sorted(factors.items()))
     if m.get("loader_cpu_ms") is not None and cores_of(m):
-        measured = (f"; the compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(factors.items()))} of that "
-                    "share, the threads' efficiency other reports here measured (their own loaders taken out)"
-                    if factors else "; no other report here measured the threads' efficiency at other counts: "
-                    "held at x1.00 (n ranks of fewer threads compute as one rank of more)")
-        return f"; the cores shared by the ranks and their loaders: {says(m)}{measured}"
+        shared = f"the cores shared by the ranks and their loaders: {says(m)}"
+        if factors:
+            return (f"{measured} of that share", f"{shared}; the threads' efficiency other reports here measured "
+                                                 "(their own loaders taken out)")
+        return ("held at x1.00 (n ranks of fewer threads compute as one rank of more)",
+                f"{shared}; no other report here measured the threads' efficiency at other counts")
     if factors:
-        return (f"; CPU compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(factors.items()))} measured by "
-                f"other reports here, held at the other counts ({says(m)})")
-    return f"; CPU compute held at other counts (no other report of this machine measured them; {says(m)})"
+        return f"{measured}, held at the other counts", f"measured by other reports here ({says(m)})"
+    return "held at other counts", f"no other report of this machine measured them; {says(m)}"
 
 
 def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
@@ -168,10 +163,10 @@ def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[st
     nodes = found["nodes"]
     base = split.measured or {}
     noisy = bool(base.get("noisy"))
-    lines = [f"From {title} ({devices(own, split.gpu)}, {split.steps_per_epoch:g} steps an epoch): {facts(found)}.",
-             *([f"The link is assumed: the column `through host s` predicts over {THROUGH_HOST_LINK.source[9:]}."]
+    lines = [f"From {title} ({devices(own, split.gpu)}, {split.steps_per_epoch:g} steps an epoch):", "", facts(found),
+             *(["", f"The link is assumed: the column `through host s` predicts over {THROUGH_HOST_LINK.source[9:]}."]
                if found["through_host"] else []),
-             *([f"The link between nodes is assumed: the column `nodes at 100 Gbit/s s` predicts over "
+             *(["", f"The link between nodes is assumed: the column `nodes at 100 Gbit/s s` predicts over "
                 f"{FAST_NODE_LINK.source[9:]}."] if found.get("fast_nodes") else []), "",
              "| " + " | ".join(["count", "predicted epoch s", *(["could move s"] if noisy else []),
                                 *(name for name, _ in alts),
@@ -274,7 +269,7 @@ def main(argv=None) -> int:
     summary = load_summary(args.summary)
     found = predictions(summary, counts, None if per_node else link, args.grad_mb, between=link if per_node else None,
                         per_node=per_node)
-    print("\n".join([*markdown(found, args.summary.name), "", ASSUMPTIONS, "", *bounds_legend()]))
+    print(shown("\n".join([*markdown(found, args.summary.name), "", ASSUMPTIONS, "", *bounds_legend()])))
     return 0
 
 

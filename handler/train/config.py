@@ -156,6 +156,9 @@ class Config(RunOptions, DataOptions, OptimOptions, ProfilingOptions):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):  # a prefix (--epoch) is named, never read as --epochs
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
     def error(self, message):  # one line instead of usage + error
         raise UserError(f"{message} (see --help)")
 

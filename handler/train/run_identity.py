@@ -73,7 +73,7 @@ def record(choice: Choice) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m handler.train.run_identity", description="Where a Slurm job trains and whether it resumes (docs/MULTINODE.md).")
+    p = argparse.ArgumentParser(prog="python -m handler.train.run_identity", allow_abbrev=False, description="Where a Slurm job trains and whether it resumes (docs/MULTINODE.md).")
     p.add_argument("folder")
     p.add_argument("--cluster", required=True)
     p.add_argument("--job", required=True)

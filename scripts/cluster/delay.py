@@ -183,7 +183,7 @@ def serve(queue: int, config: Path, ack: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0], allow_abbrev=False)
     p.add_argument("--queue", type=int, required=True)
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--ack", type=Path, required=True)

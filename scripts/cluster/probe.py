@@ -85,7 +85,7 @@ def bulk(host: str, port: int, seconds: float) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0], allow_abbrev=False)
     p.add_argument("what", choices=("serve", "rtt", "bulk"))
     p.add_argument("host", nargs="?")
     p.add_argument("--port", type=int, default=5201)

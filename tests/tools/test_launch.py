@@ -194,6 +194,11 @@ def test_a_window_1_2_report_holds_exactly_epochs_1_and_2_on_every_rank(windowed
     assert all(r["batches"]["count"] == 2 * 2 for r in summary["ranks"])  # 2 epochs x 2 steps
     assert summary["capture_window"]["epochs"] == [1, 2] and summary["capture_window"]["run_epochs"] == WINDOW_EPOCHS
     assert summary["one_line"].endswith("[epochs 1-2 of 4]"), summary["one_line"]
+    # both captured epochs come after the warm-up (epoch 0): the measured epoch keeps both, and the head
+    # line, launch's last line, prints it (issue 55, one epoch figure)
+    measured = summary["measured_epoch"]
+    assert measured["epochs"] == [1, 2] and f"epoch {measured['s']:.2f} s" in summary["one_line"]
+    assert run.stdout.strip().splitlines()[-1] == summary["one_line"]
     assert "nsys captures epochs 1-2 of 4; the other epochs train unprofiled" in run.stderr
     assert "profiling epochs 1-2 of 4" in run.stdout
 

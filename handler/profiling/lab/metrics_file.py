@@ -1,11 +1,12 @@
 """The run's metrics JSON as the report reads it (`--metrics`, or the lab page's `<name>.metrics.json`
 beside a report): read once and checked for the fields the report takes from it (docs/METRICS.md),
 so a damaged or foreign file is one line naming the field, never an exception deep in the analysis."""
+import errno
 import json
 import math
 from pathlib import Path
 
-from handler.runtime.errors import UserError
+from handler.runtime.errors import UserError, too_long
 
 # The fields the report reads (analysis.py, scaling/machine.py, scaling/links.py, cells.py), by type.
 NUMBER, INTEGER, TEXT, OBJECT = "a number", "a whole number", "a string", "an object"
@@ -63,6 +64,8 @@ def read_json(path: Path, name: str, fix: str):
     except IsADirectoryError:
         raise UserError(f"{name} is a folder; {fix}") from None
     except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise UserError(too_long(path)) from None
         raise UserError(f"{name} cannot be read ({err.strerror}); check its permissions, or {fix}") from None
     except UnicodeDecodeError:
         raise UserError(f"{name} is not text (a binary file); {fix}") from None
@@ -72,6 +75,9 @@ def read_json(path: Path, name: str, fix: str):
         return json.loads(text)
     except ValueError as err:
         raise UserError(f"{name} is not JSON ({err}): damaged or cut off; {fix}") from None
+    except RecursionError:  # brackets nested deeper than any file of ours: not one of them
+        raise UserError(f"{name} nests its brackets too deep to read (no file of ours does): not the file asked "
+                        f"for; {fix}") from None
 
 
 def read_metrics(path: Path, fix: str = "pass the metrics JSON the run wrote (<name>.metrics.json) with --metrics") -> dict:

@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from handler.runtime.errors import UserError
+from handler.runtime.errors import UserError, shown
 from handler.runtime.names import EPOCH
 
 from ..analysis import summarize
@@ -110,7 +110,7 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
 def say_left_off(left_off: list[dict], total: int, out: Path) -> None:
     """One line on stderr per report left off the page, and how many; nothing when none was."""
     for bad in left_off:
-        print(f"lab page: LEFT OFF: {bad['why']}", file=sys.stderr, flush=True)
+        print(f"lab page: LEFT OFF: {shown(bad['why'])}", file=sys.stderr, flush=True)
     if left_off:
         print(f"lab page: {len(left_off)} of {total} reports left off (listed under 'Reports left off' in "
               f"{out / 'lab.md'}); the page covers the other {total - len(left_off)}", file=sys.stderr, flush=True)
@@ -131,7 +131,7 @@ def build_lab(entries: list[dict], out: Path, convention=None) -> tuple[str, lis
             # Drawn now, so one trace is held at a time; named once every row's cell is known (_apart).
             report = entry["report"]
             row["figure"] = draw(trace, out / f".{export}.png",
-                                 f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}")
+                                 shown(f"{row['mode']}, {_label(row)}: {report.parent.name}/{report.name}"))
             rows.append(row)
         if not rows:
             raise UserError(f"no lab page: none of the {len(entries)} reports can be read: "
@@ -151,7 +151,7 @@ def build_lab(entries: list[dict], out: Path, convention=None) -> tuple[str, lis
     rows.sort(key=lambda r: (r["mode"], r["gpus"]))
     (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": rows,
                                               "left_off": left_off}, indent=2))
-    page = "\n".join(_page(rows, left_off) + lab_section(rows))
+    page = shown("\n".join(_page(rows, left_off) + lab_section(rows)))
     (out / "lab.md").write_text(page)
     return page, left_off
 
@@ -215,10 +215,10 @@ def _apart(rows: list[dict]) -> None:
 
 
 def _unique(names: list[str]) -> list[str]:
-    """The names with only filename-safe characters, a clash numbered (-2, -3, ...)."""
+    """The names with only filename-safe characters, at most 200, a clash numbered (-2, -3, ...)."""
     out: list[str] = []
     for name in names:
-        safe = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-") or "report"
+        safe = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-")[:200] or "report"  # + .png, .sqlite: < 255 bytes
         candidate, k = safe, 1
         while candidate in out:
             k += 1
@@ -268,7 +268,8 @@ def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
             + ("" if c["ran"] == c["cell"] else f", ran {c['ran']}")
             + _cut_note(c)
             if (c := cell.get((mode, n))) else "" for n in counts) + " |")
-    lines += ["", "## Verdicts", "", BOUND_RULE, ""]
+    lines += ["", "## Verdicts", "", "One line a report: its bound for one epoch, how it is found in "
+              "[the lab page's docs](docs/PROFILING.md#the-lab-page) (and lab.json's `bound_rule`).", ""]
     lines += [f"- **{r['mode']}, {_label(r)}**: " + (f"cut short: {r['incomplete']['line']}; " if r.get("incomplete") else "")
               + f"{r['verdict']['line']}." for r in rows]
     lines += _gpu_tables(rows)

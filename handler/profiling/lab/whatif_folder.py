@@ -55,7 +55,8 @@ def folder_predictions(rows: list[dict], counts=COUNTS) -> tuple[str, dict]:
                 f"({type(err).__name__}: {err}); the rest of the page stands."), {}
     out = {}
     for mode in sorted({r["mode"] for r in rows}):
-        base = min((r for r in rows if r["mode"] == mode), key=lambda r: r["gpus"])
+        # the fewest GPUs with a complete epoch: a run cut short in its first epoch has no step to scale
+        base = min((r for r in rows if r["mode"] == mode), key=lambda r: (r["epoch_s"] is None, r["gpus"]))
         try:
             found = predictions(summaries[id(base)], (*counts, *(r["gpus"] for r in rows if r["mode"] == mode)),
                                 link=link if base["gpus_ran"] else None, mode=mode_name(mode) or _mode(mode, base),
@@ -65,9 +66,10 @@ def folder_predictions(rows: list[dict], counts=COUNTS) -> tuple[str, dict]:
             cut = base.get("incomplete")  # a run cut short before its first epoch ended says so, not "no steps"
             out[mode] = {"base": base, "found": None,
                          "why": str(cut["line"] if cut and not cut["complete_epochs"] else err)}
-        except Exception as err:  # a row the model cannot take costs its own line, never the page
-            out[mode] = {"base": base, "found": None, "why": f"the what-if model failed on this report "
-                                                            f"({type(err).__name__}: {err}); the rest of the page stands"}
+        except Exception as err:  # a fault of the what-if's costs its row's line, never the page
+            out[mode] = {"base": base, "found": None, "why": f"the what-if could not predict from this report: a "
+                         f"fault in the what-if, not in the report ({type(err).__name__}: {err}); the rest of the page "
+                         "stands"}
     return "", out
 
 
@@ -113,8 +115,8 @@ def _factors(mode: str, base: dict, splits: dict, machines: dict | None = None) 
     where the run recorded its CPU time, the threads' efficiency their reports measured beside the
     cores model (cores.efficiency, each mode's own loaders taken out); else their compute's ratio
     (scale.cpu_compute reads either)."""
-    if base["gpus_ran"] or _mode(mode, base) != "ddp":
-        return {}
+    if base["gpus_ran"] or _mode(mode, base) != "ddp" or base["gpus"] not in splits.get(mode, {}):
+        return {}  # no split of the base (a run cut short in its first epoch): predictions says why
     others = {m: by for m, by in splits.items() if m != mode and _name(m) not in ("dp", "pp")
               and all(not s.gpu for s in by.values())}
     machines = machines or {}

@@ -1,9 +1,10 @@
 """A run's epoch time: the one definition every page uses (docs/PROFILING.md, "The measured epoch").
 
 The summary's `measured_epoch` (analysis.py), the lab page's cells, handler.compare's measured
-cells and the what-if's base (step.py) all come from `of_times` here. With several
-complete epochs the first pays for start-up (allocator growth, worker start, DALI's prefetch) and is
-left out; the median of the rest is robust to one disturbed epoch. Where the epochs used spread
+cells, the head line (render.one_line, launch.sh's last line) and the what-if's base (step.py) all come
+from `of_times` here. The run's first epoch, the warm-up, pays for start-up (allocator growth, worker
+start, DALI's prefetch) and is left out where the report holds it and another; a capture window that
+starts after it (--profile-epochs 1:2) drops nothing. The median of the rest is robust to one disturbed epoch. Where the epochs used spread
 more than NOISY_SHARE of that median, the base is named noisy, and how far a prediction made from
 it could move is said beside it (`could_move`) instead of one number printed as if it were sure.
 """
@@ -11,16 +12,19 @@ from statistics import median
 from handler.runtime.names import EPOCH
 
 NOISY_SHARE = 0.10  # (slowest - fastest) / median of the epochs used, above which a measured epoch is noisy
-RULE = ("The measured epoch is the median of the complete epochs after the first (the first, the warm-up, is left "
-        "out), or the only one; its spread is (slowest - fastest) / median over the epochs used, and above "
+WARMUP_AT_0 = ("ours", "lab kit", "torch.profiler")  # conventions whose epochs count from 0, as the trainer's
+RULE = ("The measured epoch is the median of the complete epochs, the run's first (the warm-up) left out where the "
+        "report holds it and another (a capture window after it, --profile-epochs 1:2, keeps every epoch it holds), "
+        "or the only one; its spread is (slowest - fastest) / median over the epochs used, and above "
         f"{NOISY_SHARE * 100:.0f} % the epoch is named noisy (handler/profiling/scaling/epochs.py).")
 
 
-def of_times(times: list[tuple[int, float]]) -> dict:
+def of_times(times: list[tuple[int, float]], warmup: int | None = None) -> dict:
     """The measured epoch of (epoch number, seconds) pairs, complete epochs only: {"s", "epochs",
-    "spread", "noisy", "rule", "fastest_s", "slowest_s"}; "s" is None without an epoch."""
+    "spread", "noisy", "rule", "fastest_s", "slowest_s"}; "s" is None without an epoch. warmup: the
+    run's first trained epoch, left out when it is the first here; None: the first here is it."""
     timed = sorted((e, s) for e, s in times if s and s > 0)
-    used = timed[1:] or timed
+    used = timed[1:] if len(timed) > 1 and (warmup is None or timed[0][0] <= warmup) else timed
     seconds = [s for _, s in used]
     middle = median(seconds) if seconds else None
     spread = (max(seconds) - min(seconds)) / middle if middle else 0.0
@@ -28,20 +32,30 @@ def of_times(times: list[tuple[int, float]]) -> dict:
             "rule": RULE, "fastest_s": min(seconds) if seconds else None, "slowest_s": max(seconds) if seconds else None}
 
 
-def of_ranks(ranks: list[dict]) -> dict:
+def of_ranks(ranks: list[dict], warmup: int | None = 0) -> dict:
     """The measured epoch of a summary's ranks: each epoch as long as its slowest rank (the ranks step
-    together), over the epochs every rank with epochs completed."""
+    together), over the epochs every rank with epochs completed; warmup as of_times'."""
     timed = [{e.get("epoch", i): e.get("time_s") or 0.0 for i, e in enumerate(r.get("epochs") or ())} for r in ranks]
     timed = [t for t in timed if t]
     common = set.intersection(*(set(t) for t in timed)) if timed else set()
-    return of_times([(e, max(t[e] for t in timed)) for e in common])
+    return of_times([(e, max(t[e] for t in timed)) for e in common], warmup)
+
+
+def first_trained(summary: dict) -> int | None:
+    """The run's warm-up epoch: the lowest epoch its report and its metrics JSON name (capture_window),
+    else 0 for the conventions numbering from 0; None for a user's --ranges (the first held is taken)."""
+    window = summary.get("capture_window") or {}
+    known = [*(window.get("epochs") or []), *(o["epoch"] for o in window.get("outside") or [])]
+    if window.get("run_epochs") and known:
+        return min(known)
+    return 0 if (summary.get("convention") or "ours") in WARMUP_AT_0 else None
 
 
 def of_summary(summary: dict) -> dict:
     """A summary's measured epoch, from its ranks' epochs (what analysis.py wrote as `measured_epoch`,
     the same way, so an older summary without the field, or a merged job's, gets it too); the
     written field alone where no rank lists its epochs."""
-    found = of_ranks(summary.get("ranks") or [])
+    found = of_ranks(summary.get("ranks") or [], first_trained(summary))
     written = summary.get("measured_epoch")
     if found["s"] is None and isinstance(written, dict) and written.get("s"):
         return {**found, **written, "fastest_s": written["s"], "slowest_s": written["s"]}

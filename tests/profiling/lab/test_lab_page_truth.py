@@ -91,7 +91,7 @@ def test_a_loader_bound_run_of_either_convention_is_loader_bound_on_the_page_wit
     assert row["verdict"]["line"] in page
     two = next(line for line in page.splitlines() if line.startswith("| 2 GPUs |"))
     assert two.endswith("| loader-bound |") and f"| {said['bound_s']:.2f} |" in two
-    assert "18 CPU cores (nsys TARGET_INFO_SYSTEM_ENV CpuCores)" in page  # read from the export, not assumed
+    assert "| CPU cores | 18 | nsys TARGET_INFO_SYSTEM_ENV CpuCores |" in page  # read from the export, not assumed
 
 
 def test_a_gpu_busy_almost_every_step_is_gpu_bound_and_one_that_idles_is_host_bound(tmp_path):

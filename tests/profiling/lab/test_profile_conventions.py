@@ -280,7 +280,7 @@ def test_a_comparisons_profiled_cells_get_the_lab_page(tmp_path, kit_export):
     assert [(r["mode"], r["gpus"]) for r in lab["reports"]] == [("ddp", 1), ("ddp", 2), ("fast", 2)]
     assert {r["model"] for r in lab["reports"]} == {"resnet20"}
     text = page.read_text()
-    assert "sends 1.08 MB (fp32) a step (resnet20's gradients)" in text and "44.7 MB" not in text
+    assert "| sent a step | 1.08 MB (fp32) | resnet20's gradients |" in text and "44.7 MB" not in text
     assert write_cells_lab(cells[-1:], tmp_path / "none") is None
 
 

@@ -107,7 +107,7 @@ def test_a_cpu_run_holds_its_compute_unless_other_reports_of_the_machine_measure
     # two ranks of 1 thread each ran the compute 1.4x faster than one rank of 2 threads, as another mode measured
     faster = by_count(predictions(CPU_1RANK, (1, 2), factors={2: 1 / 1.4}))
     assert faster[2]["terms_ms"]["cores"] == pytest.approx(cells[1]["terms_ms"]["cores"] / 1.4)
-    assert "x0.71 measured by other reports" in whatif.facts(predictions(CPU_1RANK, (2,), factors={2: 1 / 1.4}))
+    assert "| 2: x0.71, held at the other counts | measured by other reports" in whatif.facts(predictions(CPU_1RANK, (2,), factors={2: 1 / 1.4}))
 
 
 def test_a_cpu_runs_compute_comes_from_rank_per_process_modes_only_whatever_their_label():
@@ -211,7 +211,7 @@ def test_bench_whatif_from_results_of_a_missing_file_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bench.whatif", "--from-results", str(tmp_path / "none.json")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "not a readable results.json" in done.stderr
+    assert "--from-results" in done.stderr and "does not exist; pass the results.json" in done.stderr
 
 
 def test_a_report_of_several_ranks_gives_the_link_its_rate_from_its_own_all_reduce():
@@ -253,8 +253,8 @@ def test_the_host_cores_stop_the_wait_from_shrinking_once_the_loaders_need_more_
     assert roomy[2]["terms_ms"]["loader"] == pytest.approx(wait[1] / 2)  # 4 workers on 14 cores
     assert roomy[4]["terms_ms"]["loader"] == pytest.approx(wait[1] / 4)  # 8 workers on 12 cores
     text = whatif.facts(predictions({**TA_DDP_1GPU, "machine": machine}, (2,)))
-    assert "4 CPU cores (nsys TARGET_INFO_SYSTEM_ENV CpuCores)" in text and "2 loader workers per process" in text
-    assert "CPU cores not recorded (assumed" in whatif.facts(predictions(TA_DDP_1GPU, (2,)))
+    assert "| CPU cores | 4 | nsys TARGET_INFO_SYSTEM_ENV CpuCores |" in text and "| loader workers per process | 2 |" in text
+    assert "| CPU cores | not recorded | assumed" in whatif.facts(predictions(TA_DDP_1GPU, (2,)))
 
 
 def test_each_models_gradient_size_is_its_own_counted_parameters():
@@ -307,7 +307,7 @@ def test_whatif_runs_from_a_summary_json_alone_without_importing_torch(tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("no torch")
     assert "| 2 GPUs | 17.95 |" in done.stdout and "| 4 GPUs | 10.62 |" in done.stdout
-    assert "loader-bound" in done.stdout and "Model (handler/profiling/whatif.py" in done.stdout
+    assert "loader-bound" in done.stdout and "docs/PROFILING.md#the-what-ifs-model" in done.stdout
 
 
 @pytest.mark.parametrize("args, says", [
@@ -407,8 +407,8 @@ def test_the_lab_page_takes_every_modes_gpu_link_from_the_folders_own_two_gpu_re
     page = write_lab([{"report": tmp_path / "two.sqlite", "mode": "ddp", "gpus": 2},
                       {"report": tmp_path / "one.sqlite", "mode": "ddp_dali", "gpus": 1}], tmp_path / "lab")
     dali = page.split("### ddp_dali", 1)[1]
-    assert "(from the NCCL kernels of ddp, 2 GPUs in this folder)" in dali and "through host s" not in dali
-    assert "128 CPU cores (nsys TARGET_INFO_SYSTEM_ENV CpuCores)" in dali
+    assert "| from the NCCL kernels of ddp, 2 GPUs in this folder |" in dali and "through host s" not in dali
+    assert "| CPU cores | 128 | nsys TARGET_INFO_SYSTEM_ENV CpuCores |" in dali
 
 
 def test_the_lab_page_of_real_exports_carries_the_what_if_section(tmp_path):
@@ -442,10 +442,11 @@ def test_the_lab_page_reads_the_runs_hook_and_workers_from_its_metrics_without_i
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("no torch")
-    assert "sends 22.3 MB (fp16: half of 44.7 MB) a step (resnet18's gradients)" in done.stdout
-    assert "3 loader workers per process (metrics config.workers)" in done.stdout
+    assert "| sent a step | 22.3 MB (fp16: half of 44.7 MB) | resnet18's gradients |" in done.stdout
+    assert "| loader workers per process | 3 | metrics config.workers |" in done.stdout
     # the cores the ranks could use (the metrics' affinity) before the host's (nsys), which the line names too
-    assert "16 CPU cores (the ranks' cores, metrics env.cpu_cores: the ranks' CPU affinity; the host has 18)" in done.stdout
+    assert ("| CPU cores | 16 (the host has 18) | the ranks' cores, metrics env.cpu_cores: the ranks' CPU affinity |"
+            in done.stdout)
 
 
 def test_the_gradients_say_whether_the_model_was_read_or_assumed():

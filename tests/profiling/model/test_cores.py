@@ -65,13 +65,14 @@ def test_a_cpu_run_without_cpu_time_says_what_it_assumed_and_takes_other_reports
     bare = {**CPU_1RANK, "machine": {k: v for k, v in TWO_CORES.items() if k != "rank_cpu_ms"}
             | cpu_time_of(None)}
     text = whatif.facts(predictions(bare, (2,), factors={2: 0.8}))
-    assert "x0.80 measured by other reports" in text and "not recorded" in text and "assumed" in text
+    assert "| 2: x0.80, held at the other counts | measured by other reports" in text and "not recorded" in text
+    assert "assumed" in text
     assert by_count(predictions(bare, (1, 2), factors={2: 0.8}))[2]["terms_ms"]["cores"] == pytest.approx(
         CORES_MS * 0.8)
     recorded = whatif.facts(predictions(cpu_run(45.0), (2,), factors={2: 0.8}))
     # with the run's own CPU time, other reports give only the threads' efficiency at n, on the compute alone
     assert "loader 45 ms and rank 1400 ms of CPU a step per rank" in recorded
-    assert "x0.80 of that share, the threads' efficiency other reports here measured" in recorded
+    assert "| 2: x0.80 of that share |" in recorded and "the threads' efficiency other reports here measured" in recorded
     held, eff = (by_count(predictions(cpu_run(45.0), (1, 2), factors=f))[2]["terms_ms"]["cores"] for f in ({}, {2: 0.8}))
     assert eff < held  # the stall stays whole: only the compute is scaled
 

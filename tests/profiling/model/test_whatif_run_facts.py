@@ -49,7 +49,7 @@ def test_a_job_of_two_nodes_is_predicted_as_gpus_with_one_link_within_a_node_and
     assert cells[2]["comm_ms"] < 10.0 < 40.0 < cells[8]["comm_ms"]
     table = "\n".join(whatif.markdown(found, "A+B"))
     assert "From A+B (4 GPUs, 98 steps an epoch)" in table and "CPU process" not in table
-    assert "| 8 GPUs (4 nodes) |" in table and "2 nodes of 2 (run.nodes)" in table
+    assert "| 8 GPUs (4 nodes) |" in table and "| nodes | 2 of 2: counts past 2 span nodes | run.nodes |" in table
 
 
 def test_a_job_whose_report_measured_no_link_between_nodes_assumes_one_and_says_so_in_a_column():
@@ -97,10 +97,10 @@ def test_pp_from_one_stage_speeds_up_with_more_stages_from_its_recorded_micro_ba
     own = cells[1]["terms_ms"]["cores"]
     assert cells[2]["terms_ms"]["cores"] == pytest.approx(own * (9 / 2) / 8)  # (M + W - 1) / W of M slots
     said = whatif.facts(predictions(pp_one_stage(8), (2,)))
-    assert "pp: 8 micro-batches (run.pp_microbatches" in said
+    assert "| pp micro-batches | 8 | run.pp_microbatches" in said
     older = predictions(pp_one_stage(None), (1, 2))  # an older summary: no run block, one stage's bubble is 0
     assert by_count(older)[2]["step_ms"] < by_count(older)[1]["step_ms"]
-    assert "pp: 4 micro-batches (not recorded: the harness default assumed)" in whatif.facts(older)
+    assert "| pp micro-batches | 4 | not recorded: the harness default assumed |" in whatif.facts(older)
 
 
 def test_the_link_reports_bytes_are_its_own_gradients_never_the_predicted_runs_grad_mb(tmp_path):
@@ -113,7 +113,7 @@ def test_the_link_reports_bytes_are_its_own_gradients_never_the_predicted_runs_g
                            "--gpus", "2", "--grad-mb", "2000", "--link", str(tmp_path / "y.summary.json")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "link 7.95 Gbit/s" in done.stdout and "sends 2e+03 MB (fp32) a step (--grad-mb)" in done.stdout
+    assert "| link | 7.95 Gbit/s" in done.stdout and "| sent a step | 2e+03 MB (fp32) | --grad-mb |" in done.stdout
 
 
 def test_the_mode_comes_from_the_run_before_the_name_and_the_name_last_says_so():
@@ -121,9 +121,9 @@ def test_the_mode_comes_from_the_run_before_the_name_and_the_name_last_says_so()
     cell = {**TA_DP_1GPU, "report": "cells/dp-n1/dp-n1.nsys-rep"}
     recorded = predictions({**cell, "run": run_block("dp")}, (2,))
     assert recorded["mode"] == "dp" and by_count(recorded)[2]["epoch_s"] == pytest.approx(31.10, abs=0.01)
-    assert "dp (run.mode (metrics config.mode))" in whatif.facts(recorded)
+    assert "| mode | dp | run.mode (metrics config.mode) |" in whatif.facts(recorded)
     named = predictions(cell, (2,))
-    assert named["mode"] == "dp" and "the file name (dp...; the run recorded no mode)" in whatif.facts(named)
+    assert named["mode"] == "dp" and "| the file name (dp...; the run recorded no mode) |" in whatif.facts(named)
     # the run's record wins over a misleading name
     assert predictions({**TA_DDP_1GPU, "run": run_block("dp")}, (2,))["mode"] == "dp"
 
@@ -147,7 +147,8 @@ def test_the_ranks_cores_win_over_the_hosts():
     found = predictions({**TA_DDP_1GPU, "machine": machine}, (1, 2, 4))
     wait = {n: by_count(found)[n]["terms_ms"]["loader"] for n in (1, 2, 4)}
     assert wait[2] == pytest.approx(wait[1] / 2) and wait[4] == pytest.approx(wait[2])
-    assert "2 CPU cores (the ranks' cores, metrics env.cpu_cores (the affinity); the host has 18)" in whatif.facts(found)
+    assert ("| CPU cores | 2 (the host has 18) | the ranks' cores, metrics env.cpu_cores (the affinity) |"
+            in whatif.facts(found))
 
 
 
