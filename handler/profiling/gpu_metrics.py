@@ -39,6 +39,7 @@ METRICS = (
 )
 # Every key a summary can hold, in one order (the accumulators index them so).
 KEYS = tuple(f"{key}_{unit}" for key, _ in METRICS for unit in ("pct", "mbps"))
+JOINT = ("dram_read", "dram_write", "pcie_tx", "pcie_rx")  # needed side by side at one instant (dram_bw, PCIe overlap)
 GPU_METRICS_SOURCE = "GpuMetrics"  # GENERIC_EVENT_SOURCES' name of the 2022.x sampler
 
 
@@ -111,7 +112,7 @@ def find_source(path: Path, db, tables: set[str]) -> MetricsSource | None:
         series, ignored, listed = [], set(), set()
         for type_id, metric_id, name in db.execute(
                 "SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS"):
-            if not isinstance(type_id, int) or not isinstance(metric_id, int) or metric_id < 0:
+            if not isinstance(type_id, int) or not isinstance(metric_id, int) or not 0 <= metric_id < 1 << 16:
                 continue
             listed.add((type_id, metric_id))
             found = _series(type_id, metric_id, name)

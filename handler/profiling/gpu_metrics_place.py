@@ -9,7 +9,7 @@ rank's (`unused_gpu`), when it lies outside every epoch of the ranks owning its 
 (`outside_epochs`), or when the export's tables do not name its metric (`unknown_source`).
 
 Means are exact sums. p95 comes from a histogram per (rank, GPU, metric, region) of 10,001 bins:
-percentages in steps of 0.01 %-points, rates (MB/s) in steps of 0.23 % from 0.01 to 10^8 MB/s; an
+percentages in steps of 0.1 %-points from 0 to 1000 % (DRAM read + write can pass 100 %), rates (MB/s) in steps of 0.23 % from 0.01 to 10^8 MB/s; an
 order statistic is read as the mean of the values in its bin (exact where a bin holds one distinct
 value, as for the integers nsys writes), and between two it interpolates as numpy does.
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from handler.runtime.names import BATCH, EPOCH, PHASES
 
-from .gpu_metrics import KEYS, MetricsSource
+from .gpu_metrics import JOINT, KEYS, MetricsSource
 from .gpu_metrics_read import Chunk, chunks
 
 REGIONS = ("epochs", *PHASES, "other", "comm")
@@ -28,7 +28,6 @@ OTHER, COMM = REGIONS.index("other"), REGIONS.index("comm")
 BINS = 10_001
 RATE_LOW, RATE_STEP = 0.01, np.log(1e10) / (BINS - 1)  # MB/s bins: 0.01 * e^(k * step)
 BUSY = {"pct": 5.0, "mbps": 500.0}  # PCIe busy: at least 5 % of the link, or 500 MB/s where nsys gives a rate
-JOINT = ("dram_read", "dram_write", "pcie_tx", "pcie_rx")  # needed together at one instant
 
 
 @dataclass(frozen=True)
@@ -130,19 +129,35 @@ class Sums:
             if keep.any():
                 self.kept.append(Chunk(chunk.time[keep], chunk.gpu[keep], chunk.key[keep], chunk.value[keep]))
         gpu = np.clip(chunk.gpu, 0, self.top)
+        t = chunk.time
+        # Rows of one instant lie together: each run of equal times is placed once, then spread.
+        starts = np.flatnonzero(np.concatenate([[True], t[1:] != t[:-1]])) if len(t) else np.empty(0, dtype=np.int64)
+        lengths = np.diff(np.concatenate([starts, [len(t)]]))
         owned, placed = np.zeros(len(gpu), dtype=bool), np.zeros(len(gpu), dtype=bool)
         for o, own in enumerate(self.owners):
             pair = self.pair_of[o, gpu]
             mine = pair >= 0
             owned |= mine
-            here = mine & inside(own.epochs, chunk.time)
+            region, comm = (np.repeat(x, lengths) for x in self._regions(own, t[starts]))
+            here = mine & (region >= 0)
             placed |= here
-            self._sum(own, pair[here], self.key_of[chunk.key[here]], chunk.time[here], chunk.value[here])
+            self._sum(pair[here], self.key_of[chunk.key[here]], region[here], comm[here], chunk.value[here])
         self.placed += int(placed.sum())
         self.unused_gpu += int((~owned).sum())
         self.outside += int((owned & ~placed).sum())
-        for t, g, wide in self.joint.feed(chunk):
-            self._derived(t, g, wide)
+        for joint_t, joint_g, wide in (self.joint.feed(chunk) if chunk.wide is None else [chunk.wide]):
+            self._derived(joint_t, joint_g, wide)
+
+    def _regions(self, own: Owner, time) -> tuple[np.ndarray, np.ndarray]:
+        """Per time: its region's index in REGIONS (a phase or `other`; -1 outside the epochs), and
+        whether it lies inside one of the rank's NCCL kernels."""
+        region = np.full(len(time), OTHER, dtype=np.int64)
+        if len(own.cuts):
+            at = np.searchsorted(own.cuts, time, side="right") - 1
+            label = own.labels[np.maximum(at, 0)]
+            region = np.where((at >= 0) & (label >= 0), label + 1, OTHER)
+        region = np.where(inside(own.epochs, time), region, -1)
+        return region, inside(own.comm, time)
 
     def finish(self) -> None:
         for t, g, wide in self.joint.rest():
@@ -154,61 +169,63 @@ class Sums:
         bw_key = next((f"dram_bw_{u}" for u in ("pct", "mbps") if f"dram_bw_{u}" in self.keys), None)
         for o, own in enumerate(self.owners):
             pair = self.pair_of[o, gpu]
-            here = (pair >= 0) & inside(own.epochs, t)
+            region, comm = self._regions(own, t)
+            here = (pair >= 0) & (region >= 0)
             if not here.any():
                 continue
             read, write = wide.get("dram_read"), wide.get("dram_write")
             needs = here & np.isin(gpu, list(self.derived_bw))
             if bw_key and (read is not None or write is not None) and needs.any():
-                parts = [x[needs] for x in (read, write) if x is not None]
-                both = np.nansum(np.vstack(parts), axis=0)
-                ok = ~np.all(np.isnan(np.vstack(parts)), axis=0)
-                k = np.full(int(ok.sum()), self.keys.index(bw_key))
-                self._sum(own, pair[needs][ok], k, t[needs][ok], both[ok])
+                parts = np.vstack([x[needs] for x in (read, write) if x is not None])
+                ok = ~np.all(np.isnan(parts), axis=0)
+                both = np.nansum(parts, axis=0)[ok]
+                self._sum(pair[needs][ok], np.full(len(both), self.keys.index(bw_key)), region[needs][ok],
+                          comm[needs][ok], both)
             tx, rx = wide.get("pcie_tx"), wide.get("pcie_rx")
             if tx is not None and rx is not None:
                 unit = self.joint.unit["pcie_tx"]
                 sel = here & ~np.isnan(tx) & ~np.isnan(rx)
                 busy = sel & (tx >= BUSY[unit])
-                np.add.at(self.tx_busy, pair[busy], 1)
-                np.add.at(self.both_busy, pair[busy & (rx >= BUSY[unit])], 1)
+                self.tx_busy += np.bincount(pair[busy], minlength=len(self.pairs))
+                self.both_busy += np.bincount(pair[busy & (rx >= BUSY[unit])], minlength=len(self.pairs))
                 for p in np.unique(pair[sel]).tolist():
                     self.busy_unit[p] = unit
 
-    def _sum(self, own: Owner, pair, key, time, value) -> None:
+    def _sum(self, pair, key, region, comm, value) -> None:
+        """Each value into its (pair, key, region) cell, and into the pair's `comm` cell where comm."""
         if not len(pair):
             return
-        region = own.labels[np.maximum(np.searchsorted(own.cuts, time, side="right") - 1, 0)] if len(own.cuts) else \
-            np.full(len(time), -1)
-        region = np.where((region < 0) | (time < (own.cuts[0] if len(own.cuts) else 0)), OTHER, region + 1)
         base = (pair * len(self.keys) + key) * len(REGIONS)
-        cells = [base, base + region]
-        values = [value, value]
-        bins = [self._bins(key, value)] * 2
-        comm = inside(own.comm, time)
+        cell, b, v = base + region, self._bins(key, value), value
         if comm.any():
-            cells.append(base[comm] + COMM)
-            values.append(value[comm])
-            bins.append(bins[0][comm])
-        cell, v, b = np.concatenate(cells), np.concatenate(values), np.concatenate(bins)
+            cell, b, v = np.concatenate([cell, base[comm] + COMM]), np.concatenate([b, b[comm]]), \
+                np.concatenate([v, v[comm]])
         size = len(self.count)
         self.count += np.bincount(cell, minlength=size)
         self.total += np.bincount(cell, weights=v, minlength=size)
-        self.hist += np.bincount(cell * BINS + b, minlength=size * BINS)
-        self.hist_sum += np.bincount(cell * BINS + b, weights=v, minlength=size * BINS)
+        at = cell * BINS + b
+        self.hist += np.bincount(at, minlength=size * BINS)
+        self.hist_sum += np.bincount(at, weights=v, minlength=size * BINS)
 
     def _bins(self, key, value) -> np.ndarray:
-        linear = np.clip(np.rint(value * 100), 0, BINS - 1)
-        logged = np.clip(np.rint(np.log(np.maximum(value, RATE_LOW) / RATE_LOW) / RATE_STEP), 0, BINS - 1)
-        return np.where(self.rate[key], logged, linear).astype(np.int64)
+        bins = np.clip(np.rint(value * 10), 0, BINS - 1).astype(np.int64)
+        rate = self.rate[key]
+        if rate.any():
+            logged = np.rint(np.log(np.maximum(value[rate], RATE_LOW) / RATE_LOW) / RATE_STEP)
+            bins[rate] = np.clip(logged, 0, BINS - 1).astype(np.int64)
+        return bins
 
     def stat(self, pair: int, key: str, region: str) -> dict | None:
-        cell = (pair * len(self.keys) + self.keys.index(key)) * len(REGIONS) + REGIONS.index(region)
-        n = int(self.count[cell])
+        """{mean, p95, samples} of one cell; `epochs` is every region but `comm` together."""
+        first = (pair * len(self.keys) + self.keys.index(key)) * len(REGIONS)
+        cells = range(first + 1, first + COMM) if region == "epochs" else [first + REGIONS.index(region)]
+        n = int(sum(int(self.count[c]) for c in cells))
         if not n:
             return None
-        at = slice(cell * BINS, (cell + 1) * BINS)
-        return {"mean": float(self.total[cell] / n), "p95": p95(self.hist[at], self.hist_sum[at], n), "samples": n}
+        hist = sum(self.hist[c * BINS:(c + 1) * BINS] for c in cells)
+        sums = sum(self.hist_sum[c * BINS:(c + 1) * BINS] for c in cells)
+        total = sum(float(self.total[c]) for c in cells)
+        return {"mean": total / n, "p95": p95(np.asarray(hist), np.asarray(sums), n), "samples": n}
 
 
 def p95(hist: np.ndarray, sums: np.ndarray, n: int) -> float:
@@ -217,7 +234,7 @@ def p95(hist: np.ndarray, sums: np.ndarray, n: int) -> float:
     h = 0.95 * (n - 1)
     low = int(np.floor(h))
     at = np.searchsorted(np.cumsum(hist), [low, min(low + 1, n - 1)], side="right")
-    values = sums[at] / hist[at]
+    values = sums[at] / np.maximum(hist[at], 1)
     return float(values[0] + (h - low) * (values[1] - values[0]))
 
 
@@ -261,8 +278,10 @@ class Joint:
 
     def _pivot(self, rows, keep_partial: bool):
         t, g, k, v = rows
-        order = np.lexsort((t, g))
-        t, g, k, v = t[order], g[order], k[order], v[order]
+        pair = np.maximum(t, -(1 << 54)) * 256 + g  # the GPU is one byte; times stay far below 2^54 ns
+        if len(pair) > 1 and not bool(np.all(pair[1:] >= pair[:-1])):
+            order = np.argsort(pair, kind="stable")
+            t, g, k, v = t[order], g[order], k[order], v[order]
         new = np.ones(len(t), dtype=bool)
         new[1:] = (t[1:] != t[:-1]) | (g[1:] != g[:-1])
         group = np.cumsum(new) - 1

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gpu_metrics import KEYS, MetricsSource
+from .gpu_metrics import JOINT, KEYS, MetricsSource
 from .sql_columns import read_arrow, read_columns
 
+READERS = 2  # chunks read at once (SQLite and connectorx leave the GIL); docs/RESULTS.md has the measure
 NO_TIME = -(1 << 62)  # a sample without a timestamp: outside every epoch
 GPU_METRICS_CHUNK = 2_000_000  # rows, one value each
 GENERIC_CHUNK = 200_000  # rows, a value per reported field each
@@ -32,27 +33,28 @@ class Chunk:
     key: np.ndarray  # int64, index into KEYS
     value: np.ndarray  # float64
     unknown: int = 0  # values of a (typeId, metric) the export's tables do not name
+    wide: tuple | None = None  # (time, gpu, {joint name: values}) where the layout holds them side by side
 
 
 def chunks(source: MetricsSource, since: int | None = None, until: int | None = None) -> Iterator[Chunk]:
     """The source's reported values, chunk by chunk; since/until (ns) keep a time window only."""
     reader = _gpu_metrics if source.layout == "GPU_METRICS" else _generic_events
     bounds = _rowids(source)
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the next chunk is read while this one is summed
-        pending = None
+    with ThreadPoolExecutor(max_workers=READERS) as pool:  # the next chunks are read while this one is summed
+        pending: list = []
         for low, high in bounds:
-            job = pool.submit(reader, source, low, high, since, until)
-            if pending is not None:
-                yield pending.result()
-            pending = job
-        if pending is not None:
-            yield pending.result()
+            pending.append(pool.submit(reader, source, low, high, since, until))
+            if len(pending) > READERS:
+                yield pending.pop(0).result()
+        for job in pending:
+            yield job.result()
 
 
 def _rowids(source: MetricsSource) -> list[tuple[int, int]]:
     table = source.layout
-    found = read_columns(source.path, f"SELECT COALESCE(MIN(rowid), 0) AS lo, COALESCE(MAX(rowid), -1) AS hi "
-                                      f"FROM {table}", {"lo": "i8", "hi": "i8"})
+    found = read_columns(source.path, f"SELECT COALESCE((SELECT MIN(rowid) FROM {table}), 0) AS lo, "
+                                      f"COALESCE((SELECT MAX(rowid) FROM {table}), -1) AS hi",  # each one b-tree step
+                         {"lo": "i8", "hi": "i8"})
     low, high = int(found["lo"][0]), int(found["hi"][0])
     step = GPU_METRICS_CHUNK if table == "GPU_METRICS" else GENERIC_CHUNK
     return [(a, min(a + step, high + 1)) for a in range(low, high + 1, step)]
@@ -63,32 +65,56 @@ def _window(column: str, since: int | None, until: int | None) -> str:
            (f" AND {column} < {int(until)}" if until is not None else "")
 
 
+def _wanted(source: MetricsSource) -> str:
+    """The metricIds worth reading: the reported ones, and any no TARGET_INFO_GPU_METRICS row lists
+    (counted as of an unknown source); listed metrics we do not report stay in SQLite."""
+    reported = sorted({int(s.metric) for s in source.series if isinstance(s.metric, int)})
+    listed = sorted({m for _, m in source.listed})
+    return (f" AND (metricId IN ({', '.join(map(str, reported)) or 'NULL'}) OR metricId NOT IN "
+            f"({', '.join(map(str, listed)) or 'NULL'}))")
+
+
 def _gpu_metrics(source: MetricsSource, low: int, high: int, since, until) -> Chunk:
-    rows = read_columns(source.path, f"SELECT COALESCE(timestamp, {NO_TIME}) AS t, typeId AS ty, metricId AS m, "
+    """Three columns: time, code = GPU * 65536 + metricId (-1: a typeId TARGET_INFO_GPU_METRICS does
+    not list), value; fewer columns read faster (docs/RESULTS.md)."""
+    rows = read_columns(source.path, f"SELECT COALESCE(timestamp, {NO_TIME}) AS t, {_code(source)} AS c, "
                                      f"CAST(value AS REAL) AS v FROM GPU_METRICS WHERE rowid >= {low} AND rowid < {high}"
-                                     f" AND value IS NOT NULL{_window('timestamp', since, until)}",
-                        {"t": "i8", "ty": "i8", "m": "i8", "v": "f8"})
-    types = np.array(sorted({t for t, _ in source.listed}), dtype=np.int64)
+                                     f" AND value IS NOT NULL{_wanted(source)}{_window('timestamp', since, until)}",
+                        {"t": "i8", "c": "i8", "v": "f8"})
+    lut, scale, width = _lookup(source)
+    gpu, metric = rows["c"] >> 16, rows["c"] & 0xFFFF
+    at = np.where((rows["c"] >= 0) & (metric < width), gpu * width + metric, len(lut) - 1)
+    key = lut[at]
+    keep = key >= 0
+    return Chunk(rows["t"][keep], gpu[keep], key[keep], rows["v"][keep] * scale[at[keep]], int((key == UNLISTED).sum()))
+
+
+def _code(source: MetricsSource) -> str:
+    """SQL for GPU * 65536 + metricId, -1 for a typeId not listed: one comparison where the listed
+    typeIds differ only in their low byte (as nsys writes them), else a lookup per row."""
+    types = sorted({t for t, _ in source.listed})
+    code = "(typeId & 255) * 65536 + metricId"
+    if len({t >> 8 for t in types}) == 1:
+        return f"(typeId >> 8 = {types[0] >> 8}) * ({code} + 1) - 1"
+    return f"CASE WHEN typeId IN ({', '.join(map(str, types)) or 'NULL'}) THEN {code} ELSE -1 END"
+
+
+def _lookup(source: MetricsSource) -> tuple[np.ndarray, np.ndarray, int]:
+    """(GPU * width + metricId) -> key index (or NOT_REPORTED, UNLISTED) and scale, and width; the
+    last entry stands for any code out of range."""
     width = max([m for _, m in source.listed] + [0]) + 1
-    lut = np.full(len(types) * width + 1, UNLISTED, dtype=np.int64)  # the last entry: any pair not listed
+    lut = np.full(256 * width + 1, UNLISTED, dtype=np.int64)
     scale = np.ones(len(lut))
     for type_id, metric in source.listed:
-        lut[int(np.searchsorted(types, type_id)) * width + metric] = NOT_REPORTED
+        lut[(type_id & 0xFF) * width + metric] = NOT_REPORTED
     for s in source.series:
-        at = int(np.searchsorted(types, s.type_id)) * width + int(s.metric)
+        at = s.gpu * width + int(s.metric)
         lut[at], scale[at] = KEYS.index(s.key), s.scale
-    at = np.minimum(np.searchsorted(types, rows["ty"]), max(len(types) - 1, 0))
-    listed = (types[at] == rows["ty"]) & (rows["m"] >= 0) & (rows["m"] < width) if len(types) else \
-        np.zeros(len(rows["ty"]), dtype=bool)
-    code = np.where(listed, at * width + rows["m"], len(lut) - 1)
-    key = lut[code]
-    keep = key >= 0
-    return Chunk(rows["t"][keep], rows["ty"][keep] & 0xFF, key[keep], rows["v"][keep] * scale[code[keep]],
-                 int((key == UNLISTED).sum()))
+    return lut, scale, width
 
 
 def _generic_events(source: MetricsSource, low: int, high: int, since, until) -> Chunk:
-    parts = []
+    parts, wide = [], []
     for type_id in sorted({s.type_id for s in source.series}):
         fields = [s for s in source.series if s.type_id == type_id]
         paths = [f"'$.\"{str(s.metric).replace(chr(39), chr(39) * 2)}\"'" for s in fields]
@@ -102,16 +128,24 @@ def _generic_events(source: MetricsSource, low: int, high: int, since, until) ->
             continue
         values = _parse_arrays(table.column("v"), len(paths))[:, :len(fields)]
         time = table.column("t").to_numpy().astype(np.int64)
+        gpu = type_id & 0xFF
+        joint = {}
         for i, s in enumerate(fields):
             column = values[:, i] * s.scale
             ok = ~np.isnan(column)
-            parts.append((time[ok], np.full(int(ok.sum()), s.gpu, dtype=np.int64),
+            parts.append((time[ok], np.full(int(ok.sum()), gpu, dtype=np.int64),
                           np.full(int(ok.sum()), KEYS.index(s.key), dtype=np.int64), column[ok]))
+            if (name := s.key.rsplit("_", 1)[0]) in JOINT:
+                joint[name] = column
+        wide.append((time, np.full(len(time), gpu, dtype=np.int64), joint))
     if not parts:
         empty = np.empty(0, dtype=np.int64)
-        return Chunk(empty, empty, empty, np.empty(0))
+        return Chunk(empty, empty, empty, np.empty(0), wide=(empty, empty, {}))
     time, gpu, key, value = (np.concatenate(column) for column in zip(*parts))
-    return Chunk(time, gpu, key, value)
+    names = sorted({n for _, _, j in wide for n in j})
+    together = (np.concatenate([w[0] for w in wide]), np.concatenate([w[1] for w in wide]),
+                {n: np.concatenate([w[2].get(n, np.full(len(w[0]), np.nan)) for w in wide]) for n in names})
+    return Chunk(time, gpu, key, value, wide=together)
 
 
 def _parse_arrays(column, width: int) -> np.ndarray:
