@@ -178,3 +178,26 @@ def test_phase_means_lie_within_the_samples_and_placed_plus_unplaced_is_all(tmp_
     assert unplaced["placed"] + unplaced["unused_gpu"] + unplaced["outside_epochs"] + unplaced["unknown_source"] \
         == unplaced["values"] == len(samples)
     assert unplaced["unused_gpu"] == len(samples) // 2
+
+
+def test_the_scale_bench_summarises_both_layouts_alike_at_tiny_size(tmp_path):
+    """bench.gpu_metrics_scale --quick: both layouts generated in SQL, summarised in a child process,
+    the same means from both, every value placed, and a second run reuses the cached exports."""
+    import subprocess
+    import sys
+
+    from tests.nsys_helpers import REPO
+    command = [sys.executable, "-m", "bench.gpu_metrics_scale", "--quick", "--cache", str(tmp_path / "cache"),
+               "--json", str(tmp_path / "out.json")]
+    for _ in range(2):
+        run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    gpu_metrics, generic = result["layouts"]
+    assert (gpu_metrics["layout"], generic["layout"]) == ("GPU_METRICS", "GENERIC_EVENTS")
+    assert gpu_metrics["rows"] == 2 * 3000 * 12 and generic["rows"] == 2 * 3000
+    assert gpu_metrics["generated_s"] == generic["generated_s"] == 0.0  # cached from the first run
+    assert gpu_metrics["gpus"] == generic["gpus"] == ["0", "1"]
+    assert gpu_metrics["sm_active"] == pytest.approx(generic["sm_active"])
+    for layout in (gpu_metrics, generic):
+        assert layout["unplaced"]["placed"] == layout["unplaced"]["values"] > 0 and layout["peak_mb"] > 0
