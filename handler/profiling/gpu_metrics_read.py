@@ -66,12 +66,12 @@ def _window(column: str, since: int | None, until: int | None) -> str:
 
 
 def _wanted(source: MetricsSource) -> str:
-    """The metricIds worth reading: the reported ones, and any no TARGET_INFO_GPU_METRICS row lists
-    (counted as of an unknown source); listed metrics we do not report stay in SQLite."""
-    reported = sorted({int(s.metric) for s in source.series if isinstance(s.metric, int)})
-    listed = sorted({m for _, m in source.listed})
-    return (f" AND (metricId IN ({', '.join(map(str, reported)) or 'NULL'}) OR metricId NOT IN "
-            f"({', '.join(map(str, listed)) or 'NULL'}))")
+    """The metricIds not worth reading: listed, but reported for no GPU (NVLink, clocks); they stay in
+    SQLite. Any other row is read: a reported metric, or one no TARGET_INFO_GPU_METRICS row lists
+    (counted as of an unknown source)."""
+    reported = {int(s.metric) for s in source.series if isinstance(s.metric, int)}
+    skipped = sorted({m for _, m in source.listed} - reported)
+    return f" AND metricId NOT IN ({', '.join(map(str, skipped))})" if skipped else ""
 
 
 def _gpu_metrics(source: MetricsSource, low: int, high: int, since, until) -> Chunk:
