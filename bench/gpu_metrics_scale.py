@@ -1,6 +1,6 @@
 """GPU metrics at real size: seconds and peak memory of the metrics summary, on both export layouts.
 
-    python -m bench.gpu_metrics_scale [--gpus 4] [--samples 600000] [--metrics 20] [--quick] [--json PATH]
+    python -m bench.gpu_metrics_scale [--gpus 4] [--samples 600000] [--metrics 20] [--ref COMMIT] [--quick] [--json PATH]
 
 nsys samples at 10 kHz: a 60-s capture of 4 GPUs with 20 metrics is 48 M GPU_METRICS rows (the
 layout of nsys 2023 on), or 2.4 M GENERIC_EVENTS rows of JSON (2022.x) holding the same values.
@@ -9,11 +9,13 @@ and phases over them (DP: one process, kernels on every GPU), cached under the t
 by their parameters. Each layout is summarised by `summarize(load_trace(export))` in a child
 process: its seconds (load and summary apart; CPU seconds, user + system, less sensitive to other
 load) and its peak memory (the child's max RSS, measured
-in a fresh intermediate process, as bench/profile_scale.py does). Target: 30 s and 1 GB each on a
-2-core box (docs/RESULTS.md).
+in a fresh intermediate process, as bench/profile_scale.py does). `--ref COMMIT` also summarises
+with that commit's code on the same exports (the reader before: one object per sample, GPU_METRICS
+only). Target: 30 s and 1 GB each on a 2-core box (docs/RESULTS.md).
 """
 import ast
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from contextlib import closing
 from pathlib import Path
 
 from bench.common import ROOT, context, emit, parser, table
+from bench.profile_scale import old_code
 
 PERIOD_NS = 100_000  # 10 kHz
 START_NS = 1_000_000
@@ -43,7 +46,7 @@ CHILD = ("import json, sys, time; from pathlib import Path; t = time.perf_counte
          "print(json.dumps({'load_s': loaded - t, 'summary_s': done - loaded, "
          "'summary_cpu_s': time.process_time() - c, 'gpus': sorted(g), "
          "'sm_active': {k: v['sm_active_pct']['mean'] for k, v in g.items() if 'sm_active_pct' in v}, "
-         "'unplaced': s['gpu_metrics_unplaced']}))")
+         "'unplaced': s.get('gpu_metrics_unplaced')}))")
 MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
            "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
            "s = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
@@ -144,9 +147,11 @@ def export(folder: Path, layout: str, gpus: int, samples: int, metrics: int) -> 
     return path, time.perf_counter() - started
 
 
-def measure(path: Path) -> dict:
+def measure(path: Path, code: Path = ROOT) -> dict:
+    """One summary by the package under `code`, in a child: seconds, CPU seconds, peak MB and what it found."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
     raw = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, "-c", CHILD, str(path)], capture_output=True,
-                         text=True, cwd=ROOT, check=True).stdout
+                         text=True, cwd=code, env=env, check=True).stdout
     rc, seconds, max_rss_kb, cpu_s, out, err = ast.literal_eval(raw)
     if rc != 0:
         raise SystemExit(f"bench.gpu_metrics_scale: the summary of {path} failed: {err}")
@@ -158,6 +163,7 @@ def main(argv=None) -> dict:
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--samples", type=int, default=600_000, help="instants per GPU (10 kHz: 60 s)")
     p.add_argument("--metrics", type=int, default=20)
+    p.add_argument("--ref", help="also summarise with this commit's code (git archive), side by side")
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "gpu_metrics_scale",
                    help="where the generated exports are kept, by their parameters")
     args = p.parse_args(argv)
@@ -165,17 +171,31 @@ def main(argv=None) -> dict:
     gpus, samples, metrics = (2, 3000, 12) if args.quick else (args.gpus, args.samples, args.metrics)
     args.cache.mkdir(parents=True, exist_ok=True)
     results = []
-    for layout in ("GPU_METRICS", "GENERIC_EVENTS"):
-        path, made_s = export(args.cache, layout, gpus, samples, metrics)
-        rows = gpus * samples * (metrics if layout == "GPU_METRICS" else 1)
-        run = measure(path)
-        results.append({"layout": layout, "rows": rows, "export_mb": path.stat().st_size / 2**20, "generated_s": made_s,
-                        **run, "met": run["seconds"] <= TARGET_S and run["peak_mb"] <= TARGET_MB})
-    text = table(["layout", "rows", "export MB", "made s", "s", "cpu s", "load s", "summary s", "summary cpu s",
-                  "peak MB", "met"],
-                 [[r["layout"], r["rows"], r["export_mb"], r["generated_s"], r["seconds"], r["cpu_s"], r["load_s"],
-                   r["summary_s"], r["summary_cpu_s"], r["peak_mb"], r["met"]] for r in results])
-    return emit("gpu_metrics_scale", {"gpus": gpus, "samples": samples, "metrics": metrics,
+    with tempfile.TemporaryDirectory(prefix="gpu_metrics_scale-") as tmp:
+        old = old_code(args.ref, Path(tmp)) if args.ref else None
+        for layout in ("GPU_METRICS", "GENERIC_EVENTS"):
+            path, made_s = export(args.cache, layout, gpus, samples, metrics)
+            rows = gpus * samples * (metrics if layout == "GPU_METRICS" else 1)
+            run = measure(path)
+            result = {"layout": layout, "rows": rows, "export_mb": path.stat().st_size / 2**20, "generated_s": made_s,
+                      **run, "met": run["seconds"] <= TARGET_S and run["peak_mb"] <= TARGET_MB}
+            if old is not None:
+                before = measure(path, old)
+                result["old"] = before
+                result["old_over_new_s"] = before["seconds"] / run["seconds"]
+                result["old_over_new_peak"] = before["peak_mb"] / run["peak_mb"]
+            results.append(result)
+    header = ["layout", "rows", "export MB", "made s", "s", "cpu s", "load s", "summary s", "summary cpu s", "peak MB",
+              "met"]
+    rows_out = [[r["layout"], r["rows"], r["export_mb"], r["generated_s"], r["seconds"], r["cpu_s"], r["load_s"],
+                 r["summary_s"], r["summary_cpu_s"], r["peak_mb"], r["met"]] for r in results]
+    if args.ref:
+        header += ["old s", "old peak MB", "old gpus", "old/new s", "old/new peak"]
+        for row, r in zip(rows_out, results):
+            row += [r["old"]["seconds"], r["old"]["peak_mb"], len(r["old"]["gpus"]), r["old_over_new_s"],
+                    r["old_over_new_peak"]]
+    text = table(header, rows_out)
+    return emit("gpu_metrics_scale", {"ref": args.ref, "gpus": gpus, "samples": samples, "metrics": metrics,
                                       "target": {"seconds": TARGET_S, "peak_mb": TARGET_MB}, "layouts": results},
                 args, text, started)
 
