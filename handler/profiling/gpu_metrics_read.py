@@ -3,7 +3,8 @@
 Each chunk is four arrays, one entry per metric value: time (ns, session clock), nsys GPU id, the
 key's index in gpu_metrics.KEYS, and the value in the key's unit. Chunks are rowid ranges: nsys
 writes no index, and a rowid range is the one filter SQLite answers without scanning the table,
-so memory stays at one chunk (two while the next is read on the other core).
+so memory stays at two chunks: the one being summed and the next, read meanwhile on the other core
+(SQLite and connectorx leave the GIL).
 
 GPU_METRICS rows come out as they are. A GENERIC_EVENTS row holds every metric of one instant as
 JSON of strings: SQLite's json_extract takes all reported fields in one call (one parse per row;
@@ -19,7 +20,7 @@ import numpy as np
 from .gpu_metrics import JOINT, KEYS, MetricsSource
 from .sql_columns import read_arrow, read_columns
 
-READERS = 2  # chunks read at once (SQLite and connectorx leave the GIL); docs/RESULTS.md has the measure
+READERS = 1  # chunks read at once beside the summing thread; 2 gained nothing on the 2-core box (docs/RESULTS.md)
 NO_TIME = -(1 << 62)  # a sample without a timestamp: outside every epoch
 GPU_METRICS_CHUNK = 2_000_000  # rows, one value each
 GENERIC_CHUNK = 200_000  # rows, a value per reported field each
@@ -36,14 +37,14 @@ class Chunk:
     wide: tuple | None = None  # (time, gpu, {joint name: values}) where the layout holds them side by side
 
 
-def chunks(source: MetricsSource, since: int | None = None, until: int | None = None) -> Iterator[Chunk]:
-    """The source's reported values, chunk by chunk; since/until (ns) keep a time window only."""
+def chunks(source: MetricsSource) -> Iterator[Chunk]:
+    """The source's reported values, chunk by chunk."""
     reader = _gpu_metrics if source.layout == "GPU_METRICS" else _generic_events
     bounds = _rowids(source)
     with ThreadPoolExecutor(max_workers=READERS) as pool:  # the next chunks are read while this one is summed
         pending: list = []
         for low, high in bounds:
-            pending.append(pool.submit(reader, source, low, high, since, until))
+            pending.append(pool.submit(reader, source, low, high))
             if len(pending) > READERS:
                 yield pending.pop(0).result()
         for job in pending:
@@ -60,11 +61,6 @@ def _rowids(source: MetricsSource) -> list[tuple[int, int]]:
     return [(a, min(a + step, high + 1)) for a in range(low, high + 1, step)]
 
 
-def _window(column: str, since: int | None, until: int | None) -> str:
-    return (f" AND {column} >= {int(since)}" if since is not None else "") + \
-           (f" AND {column} < {int(until)}" if until is not None else "")
-
-
 def _wanted(source: MetricsSource) -> str:
     """The metricIds not worth reading: listed, but reported for no GPU (NVLink, clocks); they stay in
     SQLite. Any other row is read: a reported metric, or one no TARGET_INFO_GPU_METRICS row lists
@@ -74,12 +70,12 @@ def _wanted(source: MetricsSource) -> str:
     return f" AND metricId NOT IN ({', '.join(map(str, skipped))})" if skipped else ""
 
 
-def _gpu_metrics(source: MetricsSource, low: int, high: int, since, until) -> Chunk:
+def _gpu_metrics(source: MetricsSource, low: int, high: int) -> Chunk:
     """Three columns: time, code = GPU * 65536 + metricId (-1: a typeId TARGET_INFO_GPU_METRICS does
-    not list), value; fewer columns read faster (docs/RESULTS.md)."""
+    not list), value."""
     rows = read_columns(source.path, f"SELECT COALESCE(timestamp, {NO_TIME}) AS t, {_code(source)} AS c, "
                                      f"CAST(value AS REAL) AS v FROM GPU_METRICS WHERE rowid >= {low} AND rowid < {high}"
-                                     f" AND value IS NOT NULL{_wanted(source)}{_window('timestamp', since, until)}",
+                                     f" AND value IS NOT NULL{_wanted(source)}",
                         {"t": "i8", "c": "i8", "v": "f8"})
     lut, scale, width = _lookup(source)
     gpu, metric = rows["c"] >> 16, rows["c"] & 0xFFFF
@@ -113,7 +109,7 @@ def _lookup(source: MetricsSource) -> tuple[np.ndarray, np.ndarray, int]:
     return lut, scale, width
 
 
-def _generic_events(source: MetricsSource, low: int, high: int, since, until) -> Chunk:
+def _generic_events(source: MetricsSource, low: int, high: int) -> Chunk:
     parts, wide = [], []
     for type_id in sorted({s.type_id for s in source.series}):
         fields = [s for s in source.series if s.type_id == type_id]
@@ -122,8 +118,7 @@ def _generic_events(source: MetricsSource, low: int, high: int, since, until) ->
             paths.append(paths[0])
         table = read_arrow(source.path, f"SELECT COALESCE(timestamp, rawTimestamp, {NO_TIME}) AS t, "
                                         f"json_extract(data, {', '.join(paths)}) AS v FROM GENERIC_EVENTS "
-                                        f"WHERE rowid >= {low} AND rowid < {high} AND typeId = {type_id}"
-                                        f"{_window('COALESCE(timestamp, rawTimestamp)', since, until)}")
+                                        f"WHERE rowid >= {low} AND rowid < {high} AND typeId = {type_id}")
         if not table.num_rows:
             continue
         values = _parse_arrays(table.column("v"), len(paths))[:, :len(fields)]
