@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from handler.runtime.errors import UserError
+
 from .gpu_metrics import JOINT, KEYS, MetricsSource
 from .sql_columns import read_arrow, read_columns
 
@@ -121,7 +123,7 @@ def _generic_events(source: MetricsSource, low: int, high: int) -> Chunk:
                                         f"WHERE rowid >= {low} AND rowid < {high} AND typeId = {type_id}")
         if not table.num_rows:
             continue
-        values = _parse_arrays(table.column("v"), len(paths))[:, :len(fields)]
+        values = _parse_arrays(table.column("v"), len(paths), source.path)[:, :len(fields)]
         time = table.column("t").to_numpy().astype(np.int64)
         gpu = type_id & 0xFF
         joint = {}
@@ -143,8 +145,9 @@ def _generic_events(source: MetricsSource, low: int, high: int) -> Chunk:
     return Chunk(time, gpu, key, value, wide=together)
 
 
-def _parse_arrays(column, width: int) -> np.ndarray:
-    """'["12","0",null]' per row -> a (rows, width) float array, NaN where a field is missing."""
+def _parse_arrays(column, width: int, path) -> np.ndarray:
+    """'["12","0",null]' per row -> a (rows, width) float array, NaN where a field is missing or empty."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     call = pc.call_function
     text = column.combine_chunks() if hasattr(column, "combine_chunks") else column
@@ -152,6 +155,14 @@ def _parse_arrays(column, width: int) -> np.ndarray:
     text = call("utf8_trim", [text], pc.TrimOptions("[] \n"))
     text = call("replace_substring", [text], pc.ReplaceSubstringOptions("null", "nan"))
     text = pc.fill_null(text, ",".join(["nan"] * width))
-    flat = call("list_flatten", [call("split_pattern", [text], pc.SplitPatternOptions(","))])
-    numbers = pc.cast(call("utf8_trim_whitespace", [flat]), "float64", safe=False)
+    flat = call("utf8_trim_whitespace", [call("list_flatten", [call("split_pattern", [text], pc.SplitPatternOptions(","))])])
+    flat = call("if_else", [call("equal", [flat, pa.scalar("")]), pa.scalar("nan"), flat])
+    try:
+        numbers = pc.cast(flat, "float64", safe=False)
+    except pa.ArrowInvalid as err:
+        raise UserError(f"{path}: a GPU-metrics value in GENERIC_EVENTS.data is not a number ({err}); the export "
+                        "is not as nsys writes it: export the report again (nsys export --type sqlite)") from None
+    if len(numbers) != len(column) * width:
+        raise UserError(f"{path}: GENERIC_EVENTS.data holds GPU-metrics values with commas inside them; the export "
+                        "is not as nsys writes it: export the report again (nsys export --type sqlite)")
     return numbers.to_numpy(zero_copy_only=False).reshape(-1, width)

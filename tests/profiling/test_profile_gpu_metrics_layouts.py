@@ -201,3 +201,18 @@ def test_the_scale_bench_summarises_both_layouts_alike_at_tiny_size(tmp_path):
     assert gpu_metrics["sm_active"] == pytest.approx(generic["sm_active"])
     for layout in (gpu_metrics, generic):
         assert layout["unplaced"]["placed"] == layout["unplaced"]["values"] > 0 and layout["peak_mb"] > 0
+
+
+def test_a_json_value_that_is_not_a_number_is_one_line_naming_the_export(tmp_path):
+    from handler.runtime.errors import UserError
+    path = export(tmp_path / "m.sqlite", "GENERIC_EVENTS", every_ms(until=50))
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("""UPDATE GENERIC_EVENTS SET data = '{"SM Active": "busy", "DRAM Read Throughput": ""}'
+                      WHERE rowid = 3""")
+        db.commit()
+    with pytest.raises(UserError, match=r"m\.sqlite: a GPU-metrics value in GENERIC_EVENTS\.data is not a number"):
+        summarize(load_trace(path))
+    with closing(sqlite3.connect(path)) as db:  # an empty value is a missing one
+        db.execute("""UPDATE GENERIC_EVENTS SET data = '{"SM Active": "", "DRAM Read Throughput": "7"}' WHERE rowid = 3""")
+        db.commit()
+    assert summarize(load_trace(path))["gpu_metrics_unplaced"]["values"] == 49 * 5 + 1
