@@ -15,7 +15,8 @@ from .devices import gpu_table
 from .scaling.epochs import contract, of_summary
 from .comm import comm_stats, first_comm_starts, stragglers
 from .conventions import library_of, unmatched_phases
-from .gpu_metrics import device_map, summarize_metrics
+from .gpu_metrics import device_map
+from .gpu_metrics_summary import rank_metrics, rank_pcie_overlap, rank_phase_metrics, unplaced
 from .gpu_view import gpu_stats, pipeline_threads
 from .scaling.run_facts import run_block
 from .stats import nesting_parents, percentile as _percentile
@@ -35,6 +36,7 @@ def summarize(trace: Trace, metrics: dict | None = None, report=None) -> dict:
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,
                "ranks": ranks, "overall": _overall(ranks)}
     summary["gpu_metrics_mapping"] = _mapping(trace, ranks) if trace.metrics else None
+    summary["gpu_metrics_unplaced"] = unplaced(trace)
     summary["stragglers"] = stragglers(first_comm_per_process(trace))
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     summary["comm_config"] = comm_config(metrics)
@@ -107,8 +109,8 @@ def _rank(process: Process, trace: Trace) -> dict:
                              for name in OUTSIDE_TRAINING},
         "gpu": gpu_view,
         "comm": comm_stats(process.ranges, batches, activity),
-        "gpu_metrics": summarize_metrics(metrics, set(gpus.values()),
-                                         [(r.start, r.end) for _, r in epochs]) if metrics else None,
+        "gpu_metrics": rank_metrics(trace, process), "gpu_metrics_phases": rank_phase_metrics(trace, process),
+        "pcie_overlap": rank_pcie_overlap(trace, process),
         "gpu_metrics_gpus": {str(cuda): gpu for cuda, gpu in gpus.items()} if metrics else None,
         **setup_ranges(process.ranges, [r for _, r in epochs]),
         "loop": loop_stats([r for _, r in epochs], batches, phase_ranges),

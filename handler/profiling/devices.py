@@ -15,7 +15,7 @@ import numpy as np
 
 from handler.runtime.names import EPOCH
 
-from .gpu_metrics import summarize_metrics
+from .gpu_metrics_summary import device_means
 from .stats import length, merge, merge_arrays, overlap
 
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -122,5 +122,4 @@ def _metrics(trace, processes, device: int, spans) -> dict | None:
     if trace.cuda_devices is not None:
         gpu_id = next((trace.cuda_devices[(p.pid, device)] for p in processes
                        if (p.pid, device) in trace.cuda_devices), None)
-    found = summarize_metrics(trace.metrics, {gpu_id}, spans) or {}
-    return {key: stat["mean"] for key, stat in found.get(str(gpu_id), {}).items()}
+    return device_means(trace, gpu_id, spans)

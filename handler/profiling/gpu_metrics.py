@@ -1,19 +1,28 @@
-"""nsys GPU metrics sampling (`--gpu-metrics-device[s]`): SM, DRAM and PCIe per GPU.
+"""nsys GPU metrics sampling (`--gpu-metrics-device[s]`): which metrics an export holds, and where.
 
-Layout of the export (nsys 2021.2 onwards):
-  TARGET_INFO_GPU_METRICS(typeId, sourceId, typeName, metricId, metricName)
-  GPU_METRICS(timestamp, typeId, metricId, value)
-The GPU is the low byte of typeId: nsys' own GPU id, not the CUDA ordinal CUPTI's deviceId
-holds (the process's view after CUDA_VISIBLE_DEVICES). TARGET_INFO_CUDA_DEVICE(gpuId, cudaId,
-pid) links the two per process (device_map). Metric names differ between GPU generations and nsys
-releases ("SMs Active [Throughput %]", "DRAM Read Bandwidth [Throughput %]", "PCIe RX
-Throughput [Throughput %]" ...), so they are matched by pattern; the unit comes from the
-bracket. A metric this GPU does not sample is simply absent from the summary.
+Two layouts (docs/PROFILING.md, "GPU metrics"), decided by the nsys that exported the report:
+  2023 on:  TARGET_INFO_GPU_METRICS(typeId, sourceId, typeName, metricId, metricName)
+            GPU_METRICS(timestamp, typeId, metricId, value): one row per metric and instant.
+  2022.x:   GENERIC_EVENT_SOURCES(sourceId, data) with `"Name": "GpuMetrics"`,
+            GENERIC_EVENT_TYPES(typeId, sourceId, data) naming the fields (`"Fields": [{"Name": ...}]`),
+            GENERIC_EVENTS(rawTimestamp, timestamp NULL, typeId, data): one row per instant, its
+            metrics a JSON object of strings; rawTimestamp is on the session clock (`"TimeSource":
+            "SessionNs"`), the clock of the NVTX and CUPTI rows.
+In both the GPU is the low byte of typeId: nsys' own GPU id, not the CUDA ordinal CUPTI's deviceId
+holds (the process's view after CUDA_VISIBLE_DEVICES). TARGET_INFO_CUDA_DEVICE(gpuId, cudaId, pid)
+links the two per process (device_map). Metric names differ between GPU generations and nsys
+releases ("SMs Active [Throughput %]", "SM Active", "PCIe RX Throughput", "DRAM Read Bandwidth
+[Throughput %]" ...), so they are matched by pattern; the unit comes from the bracket, and a name
+without one is a percentage (nsys' documentation defines every metric read here as one). A metric
+this GPU does not sample is simply absent from the summary.
+
+The samples themselves are never held: gpu_metrics_read.py streams them as columns and
+gpu_metrics_place.py sums them where they fall.
 """
+import json
 import re
-from dataclasses import dataclass
-
-from .stats import percentile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 # (key, name pattern); the first match wins, units are appended from the bracket.
 METRICS = (
@@ -24,25 +33,25 @@ METRICS = (
     ("warps_in_flight", re.compile(r"^(Compute Warps in Flight|Achieved Occupancy)", re.I)),
     ("dram_read", re.compile(r"^DRAM Read", re.I)),
     ("dram_write", re.compile(r"^DRAM Write", re.I)),
-    ("dram_bw", re.compile(r"^DRAM (Bandwidth|Throughput)", re.I)),
+    ("dram_bw", re.compile(r"^(DRAM|VRAM) (Bandwidth|Throughput)", re.I)),
     ("pcie_rx", re.compile(r"^PCIe (RX|Read) (Throughput|Bandwidth)", re.I)),
     ("pcie_tx", re.compile(r"^PCIe (TX|Write) (Throughput|Bandwidth)", re.I)),
 )
-
-
-@dataclass(frozen=True)
-class MetricSample:
-    device: int
-    timestamp: int  # ns
-    key: str  # e.g. "sm_active_pct", "pcie_rx_mbps"
-    value: float
+# Every key a summary can hold, in one order (the accumulators index them so).
+KEYS = tuple(f"{key}_{unit}" for key, _ in METRICS for unit in ("pct", "mbps"))
+JOINT = ("dram_read", "dram_write", "pcie_tx", "pcie_rx")  # needed side by side at one instant (dram_bw, PCIe overlap)
+GPU_METRICS_SOURCE = "GpuMetrics"  # GENERIC_EVENT_SOURCES' name of the 2022.x sampler
 
 
 def metric_key(name: str) -> str | None:
-    """'SMs Active [Throughput %]' -> 'sm_active_pct'; None for metrics we do not report."""
+    """'SMs Active [Throughput %]' -> 'sm_active_pct'; 'SM Active' -> 'sm_active_pct';
+    'PCIe RX Throughput [bytes/s]' -> 'pcie_rx_bps'; None for metrics we do not report."""
     for key, pattern in METRICS:
         if pattern.search(name):
-            unit = (re.search(r"\[([^\]]*)\]", name) or ["", ""])[1].lower()
+            bracket = re.search(r"\[([^\]]*)\]", name)
+            if bracket is None:
+                return f"{key}_pct"
+            unit = bracket[1].lower()
             if "%" in unit:
                 return f"{key}_pct"
             if "mb/s" in unit or "mib/s" in unit:
@@ -53,24 +62,91 @@ def metric_key(name: str) -> str | None:
     return None
 
 
-def load_metric_samples(db, tables) -> tuple[MetricSample, ...]:
-    if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
-        return ()
-    keys = {}
-    for type_id, metric_id, name in db.execute(
-            "SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS"):
-        key = metric_key(name or "")
-        if key:
-            keys[(type_id, metric_id)] = key
-    samples = []
-    for timestamp, type_id, metric_id, value in db.execute(
-            "SELECT timestamp, typeId, metricId, value FROM GPU_METRICS ORDER BY timestamp"):
-        key = keys.get((type_id, metric_id))
-        if key and value is not None and timestamp is not None and timestamp >= 0:
-            if key.endswith("_bps"):
-                key, value = key[:-4] + "_mbps", value / 1e6
-            samples.append(MetricSample(type_id & 0xFF, timestamp, key, float(value)))
-    return tuple(samples)
+@dataclass(frozen=True)
+class Series:
+    """One metric of one sampled GPU: how the export names it and the key it is reported under.
+    scale turns the stored value into the key's unit (1e-6 for bytes/s into MB/s)."""
+    type_id: int
+    metric: int | str  # GPU_METRICS.metricId, or the JSON field's name in GENERIC_EVENTS.data
+    name: str
+    key: str
+    scale: float = 1.0
+
+    @property
+    def gpu(self) -> int:
+        return self.type_id & 0xFF
+
+
+@dataclass(frozen=True)
+class MetricsSource:
+    """Where an export keeps its GPU metrics; the samples stay in the file (read per use)."""
+    path: Path
+    layout: str  # "GPU_METRICS" (nsys 2023 on) or "GENERIC_EVENTS" (2022.x)
+    series: tuple[Series, ...]
+    ignored: tuple[str, ...]  # the metrics sampled but not reported (NVLink, clocks ...), by name
+    listed: tuple[tuple[int, int], ...] = ()  # GPU_METRICS: every (typeId, metricId) TARGET_INFO_GPU_METRICS names
+    unknown: int = 0  # GENERIC_EVENTS rows of a typeId no GENERIC_EVENT_TYPES row names (counted once, in SQL)
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(sorted({s.gpu for s in self.series}))
+
+    def keys(self) -> tuple[str, ...]:
+        found = {s.key for s in self.series}
+        return tuple(k for k in KEYS if k in found)
+
+
+def _series(type_id: int, metric, name: str) -> Series | None:
+    key = metric_key(name or "")
+    if key is None:
+        return None
+    if key.endswith("_bps"):
+        return Series(type_id, metric, name, key[:-4] + "_mbps", 1e-6)
+    return Series(type_id, metric, name, key)
+
+
+def find_source(path: Path, db, tables: set[str]) -> MetricsSource | None:
+    """The export's GPU metrics, either layout; None where it sampled none."""
+    if {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables and db.execute("SELECT 1 FROM GPU_METRICS LIMIT 1").fetchone():
+        series, ignored, listed = [], set(), set()
+        for type_id, metric_id, name in db.execute(
+                "SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS"):
+            if not isinstance(type_id, int) or not isinstance(metric_id, int) or not 0 <= metric_id < 1 << 16:
+                continue
+            listed.add((type_id, metric_id))
+            found = _series(type_id, metric_id, name)
+            (series.append(found) if found else ignored.add(name or ""))
+        return MetricsSource(path, "GPU_METRICS", tuple(series), tuple(sorted(ignored)), tuple(sorted(listed)))
+    if {"GENERIC_EVENTS", "GENERIC_EVENT_TYPES", "GENERIC_EVENT_SOURCES"} <= tables:
+        sources = {sid for sid, data in db.execute("SELECT sourceId, data FROM GENERIC_EVENT_SOURCES")
+                   if _json(data).get("Name") == GPU_METRICS_SOURCE}
+        series, ignored = [], set()
+        for type_id, source_id, data in db.execute("SELECT typeId, sourceId, data FROM GENERIC_EVENT_TYPES"):
+            if source_id not in sources:
+                continue
+            for entry in _json(data).get("Fields") or ():
+                name = entry.get("Name") if isinstance(entry, dict) else None
+                if isinstance(name, str):
+                    found = _series(type_id, name, name) if '"' not in name else None
+                    (series.append(found) if found else ignored.add(name))
+        if series and db.execute(f"SELECT 1 FROM GENERIC_EVENTS WHERE typeId IN ({_ids(series)}) LIMIT 1").fetchone():
+            orphans = db.execute("SELECT COUNT(*) FROM GENERIC_EVENTS WHERE typeId NOT IN "
+                                 "(SELECT typeId FROM GENERIC_EVENT_TYPES)").fetchone()[0]
+            return MetricsSource(path, "GENERIC_EVENTS", tuple(series), tuple(sorted(ignored)), unknown=orphans)
+    return None
+
+
+def _ids(series) -> str:
+    return ", ".join(str(t) for t in sorted({s.type_id for s in series}))
+
+
+def _json(text) -> dict:
+    try:
+        found = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def device_map(pid: int, cuda_devices, table: dict | None) -> dict:
@@ -79,33 +155,3 @@ def device_map(pid: int, cuda_devices, table: dict | None) -> dict:
     if table is None:
         return {d: d for d in cuda_devices}
     return {d: table.get((pid, d)) for d in cuda_devices}
-
-
-def summarize_metrics(samples, devices, spans) -> dict | None:
-    """{GPU id: {key: {"mean", "p95"}}} over the samples inside the training spans (epochs);
-    devices: the nsys GPU ids of the rank's CUDA devices (None: unknown, skipped).
-
-    DRAM read and write percentages sampled at the same time are added into dram_bw_pct,
-    for GPUs that report them separately."""
-    if samples is None:
-        return None
-    spans = sorted(spans)
-    per_device = {}
-    for s in samples:
-        if s.device in devices and any(a <= s.timestamp < b for a, b in spans):
-            per_device.setdefault(s.device, {}).setdefault(s.key, []).append(s)
-    result = {}
-    for device, series in sorted(per_device.items()):
-        if "dram_bw_pct" not in series and ("dram_read_pct" in series or "dram_write_pct" in series):
-            summed = {}
-            for key in ("dram_read_pct", "dram_write_pct"):
-                for s in series.get(key, ()):
-                    summed[s.timestamp] = summed.get(s.timestamp, 0.0) + s.value
-            series["dram_bw_pct"] = [MetricSample(device, t, "dram_bw_pct", v) for t, v in summed.items()]
-        result[str(device)] = {key: _mean_p95([s.value for s in values]) for key, values in sorted(series.items())}
-    return result
-
-
-def _mean_p95(values: list[float]) -> dict:
-    ordered = sorted(values)
-    return {"mean": sum(ordered) / len(ordered), "p95": percentile(ordered, 95), "samples": len(ordered)}

@@ -3,6 +3,7 @@ from handler.runtime.names import DATA, DATA_GPU, OUTSIDE_TRAINING, PHASES
 
 from .analysis import GPU_PHASES
 from .bubble import markdown_lines
+from .gpu_metrics_render import sections as gpu_metric_sections
 from .scaling.epochs import line as measured_line, of_summary
 from .scaling.machine import machine_line
 
@@ -112,7 +113,7 @@ def markdown(summary: dict, title: str) -> str:
         lines += ["## GPU", "", f"{NA}: no CUDA activity in this report (CPU-only run).", ""]
     lines += loop_sections(summary)
     lines += _comm_sections(summary)
-    lines += _metrics_section(ranks, summary.get("gpu_metrics_mapping"))
+    lines += gpu_metric_sections(summary, who, _section)
     lines += markdown_lines(ranks, who)
     if summary.get("metrics_comparison") is not None:
         lines += _section("nsys vs metrics JSON (epoch time, first rank)",
@@ -227,29 +228,3 @@ def hook_and_buckets(config: dict | None) -> tuple[str, str]:
     flags = [name for name, on in (("static graph", config.get("static_graph")),
                                    ("grad as bucket view", config.get("grad_as_bucket_view"))) if on]
     return hook + (f" ({', '.join(flags)})" if flags else ""), f"{config['bucket_cap_mb']:g} MB"
-
-
-METRIC_COLUMNS = ("sm_active_pct", "sm_issue_pct", "warps_in_flight_pct", "dram_bw_pct",
-                  "pcie_tx_mbps", "pcie_rx_mbps", "pcie_tx_pct", "pcie_rx_pct")
-
-
-def _metrics_section(ranks: list[dict], mapping: str | None) -> list[str]:
-    rows = [[who(r), f"{gpu} ({_cuda_of(r, gpu)})", *(_mean_p95(values.get(k)) for k in METRIC_COLUMNS)]
-            for r in ranks for gpu, values in (r.get("gpu_metrics") or {}).items()]
-    clean = mapping == "TARGET_INFO_CUDA_DEVICE"
-    if not rows and (clean or mapping is None):
-        return []
-    note = "GPU is nsys' GPU id, the process's CUDA device in brackets, matched through TARGET_INFO_CUDA_DEVICE."
-    if not clean:
-        note = f"**Warning: GPU ids {mapping}.**"
-    return _section("GPU metrics (mean / p95 inside training epochs)", note,
-                    ["rank", "GPU (CUDA device)", *METRIC_COLUMNS], rows)
-
-
-def _cuda_of(rank: dict, gpu: str) -> str:
-    cudas = [c for c, g in (rank.get("gpu_metrics_gpus") or {}).items() if str(g) == gpu]
-    return "cuda " + ",".join(cudas) if cudas else NA
-
-
-def _mean_p95(stat: dict | None) -> str:
-    return NA if stat is None else f"{stat['mean']:.1f} / {stat['p95']:.1f}"

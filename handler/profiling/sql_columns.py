@@ -53,3 +53,14 @@ def read_columns(export: Path, sql: str, dtypes: dict[str, str]) -> dict[str, np
             raise ValueError(f"column {name} of {sql!r} holds NULL: COALESCE it in the query")
         out[name] = column.to_numpy().astype(dtype, copy=False) if len(column) else np.empty(0, dtype=dtype)
     return out
+
+
+def read_arrow(export: Path, sql: str):
+    """The query's result as one Arrow table, for a text column Arrow parses in bulk (gpu_metrics_read.py)."""
+    try:
+        import connectorx
+    except ImportError:
+        raise UserError("the report needs connectorx and pyarrow to read exports as columns; "
+                        "pip install -r requirements-report.txt") from None
+    with _uri(export) as uri:
+        return connectorx.read_sql(uri, sql, return_type="arrow")

@@ -21,7 +21,7 @@ from handler.runtime.names import BATCH, EPOCH, HOST, RANK
 from .columns import GpuColumns, load_gpu
 from .conventions import OURS, Convention, detect, library_of
 from .devices import Copies, load_copies, load_peaks
-from .gpu_metrics import MetricSample, load_metric_samples
+from .gpu_metrics import MetricsSource, find_source
 from .nsys import damaged, export_problem, not_an_export, open_export
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Trace:
     processes: tuple[Process, ...]  # sorted by rank
     rank_source: str  # "nvtx mark" or "pid order"
     gpu: GpuColumns | None  # None: no CUDA activity recorded (CPU-only run)
-    metrics: tuple[MetricSample, ...] | None = None  # None: no GPU metrics sampled
+    metrics: MetricsSource | None = None  # None: no GPU metrics sampled (gpu_metrics.py; read per use)
     thread_names: dict = field(default_factory=dict)  # globalTid -> its names (ThreadNames)
     cuda_devices: dict | None = None  # (pid, CUDA ordinal) -> nsys GPU id; None: no TARGET_INFO_CUDA_DEVICE
     convention: str = OURS.name  # the naming convention its ranges were read by (conventions.py)
@@ -88,7 +88,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
         capture_end = _capture_end(db, tables)
         gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
-        metrics = load_metric_samples(db, tables) or None
+        metrics = find_source(path, db, tables)
         names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
         copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
     processes, source, given = (), "", convention

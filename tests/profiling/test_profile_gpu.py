@@ -276,7 +276,7 @@ def test_report_without_gpu_metrics_says_null_not_zero(tmp_path):
 
 
 @pytest.mark.parametrize("name, key", [
-    ("SMs Active [Throughput %]", "sm_active_pct"), ("SM Active", None),
+    ("SMs Active [Throughput %]", "sm_active_pct"), ("SM Active", "sm_active_pct"),
     ("SM Issue [Throughput %]", "sm_issue_pct"), ("Compute Warps in Flight [Throughput %]", "warps_in_flight_pct"),
     ("DRAM Bandwidth [Throughput %]", "dram_bw_pct"), ("PCIe TX Throughput [Throughput %]", "pcie_tx_pct"),
     ("PCIe Read Bandwidth [MB/s]", "pcie_rx_mbps"), ("NVLink RX Bandwidth [Throughput %]", None),

@@ -7,10 +7,11 @@ import subprocess
 import sys
 import textwrap
 from contextlib import closing
+from types import SimpleNamespace
 
 import pytest
 
-from handler.profiling import bubble, gpu_metrics, stats, trace
+from handler.profiling import bubble, gpu_metrics, gpu_metrics_read, gpu_metrics_summary, stats, trace
 from handler.profiling.report import load_metrics
 from handler.runtime.errors import UserError
 from tests.nsys_helpers import REPO, path_without_nsys, profile, require_nsys
@@ -292,12 +293,15 @@ def test_a_bytes_per_second_metric_is_reported_in_megabytes_per_second(tmp_path)
         f"INSERT INTO TARGET_INFO_GPU_METRICS VALUES (257, 3, '{name}')",
         "INSERT INTO GPU_METRICS VALUES (10, 257, 3, 2500000)")
     with closing(sqlite3.connect(path)) as db:
-        samples = gpu_metrics.load_metric_samples(db, {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"})
-    assert samples == (gpu_metrics.MetricSample(1, 10, "pcie_rx_mbps", 2.5),)
+        source = gpu_metrics.find_source(path, db, {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"})
+    assert source is not None
+    (chunk,) = gpu_metrics_read.chunks(source)
+    assert (chunk.time.tolist(), chunk.gpu.tolist(), chunk.value.tolist()) == ([10], [1], [2.5])
+    assert [gpu_metrics.KEYS[k] for k in chunk.key.tolist()] == ["pcie_rx_mbps"]
 
 
 def test_no_samples_and_no_pieces_give_no_summary_and_empty_helpers_stay_empty():
-    assert gpu_metrics.summarize_metrics(None, [0], [(0, 10)]) is None
+    assert gpu_metrics_summary.placed(SimpleNamespace(metrics=None)) is None
     assert bubble._gpu_view([], [], None) is None
     assert stats.percentile([], 50) is None
     assert stats.merge([(5, 5), (1, 3), (2, 4), (7, 6)]) == [(1, 4)]  # empty and reversed ones drop

@@ -1,32 +1,31 @@
-"""The lab's pictures, drawn for the user: GPU-metric patterns over a few steady steps.
+"""The lab's pictures, drawn for the user: the step timeline and, under it, GPU-metric lanes over a few steady steps.
 
-One panel per GPU with SMs active, PCIe TX and RX and DRAM over the window (what students
-screenshot from the Nsight GUI: DP's lone TX tail on GPU 0, DDP's TX and RX together), and
-under them the steps and phases of every rank as bands. Without GPU metrics the figure holds
-the bands alone. The returned dict, stored in lab.json, lists what was drawn, read back from
-the figure itself.
+On top the steps and phases of every rank as bands; under them, per sampled GPU, three lanes:
+SM Active, DRAM (read and write, or bandwidth) and PCIe (TX and RX together: DP's lone TX tail on
+GPU 0, DDP's TX and RX at once, what students screenshot from the Nsight GUI). Without GPU metrics
+the figure holds the bands alone. The values come from the one pass over the export's samples
+(gpu_metrics_summary.window_samples). The returned dict, stored in lab.json, lists what was drawn,
+read back from the figure itself.
 """
 from pathlib import Path
 
+import numpy as np
+
 from handler.runtime.names import BATCH, PHASES, RANK
 
+from ..gpu_metrics import KEYS
+from ..gpu_metrics_read import Chunk
+from ..gpu_metrics_summary import STEADY_STEPS, figure_window as window, window_samples
 from ..trace import Trace
 
-SERIES = ("sm_active_pct", "pcie_tx_pct", "pcie_rx_pct", "pcie_tx_mbps", "pcie_rx_mbps", "dram_read_pct",
-          "dram_write_pct", "dram_bw_pct")
-STEADY_STEPS = 4
+LANES = (("SM Active", ("sm_active_pct",)),
+         ("DRAM", ("dram_read_pct", "dram_write_pct", "dram_bw_pct", "dram_read_mbps", "dram_write_mbps",
+                   "dram_bw_mbps")),
+         ("PCIe", ("pcie_tx_pct", "pcie_rx_pct", "pcie_tx_mbps", "pcie_rx_mbps")))
+SERIES = tuple(k for _, keys in LANES for k in keys)
 COLOURS = dict(zip(PHASES, ("#bbbbbb", "#9467bd", "#1f77b4", "#ff7f0e", "#2ca02c")))
-
-
-def window(trace: Trace) -> tuple[int, int] | None:
-    """A few steps from the middle of the first rank's steps: past warm-up, before the end."""
-    steps = sorted((r for r in trace.processes[0].ranges if BATCH.match(r.name)), key=lambda r: r.start)
-    if not steps:
-        return None
-    first = max(0, len(steps) // 2 - STEADY_STEPS // 2)
-    chosen = steps[first:first + STEADY_STEPS]
-    after = steps[first + len(chosen)].start if first + len(chosen) < len(steps) else chosen[-1].end
-    return chosen[0].start, after
+NONE = Chunk(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0))
+__all__ = ["STEADY_STEPS", "draw", "window"]
 
 
 def draw(trace: Trace, path: Path, title: str) -> dict:
@@ -35,28 +34,35 @@ def draw(trace: Trace, path: Path, title: str) -> dict:
     import matplotlib.pyplot as plt
 
     span = window(trace)
-    samples = [s for s in trace.metrics or () if span and span[0] <= s.timestamp < span[1] and s.key in SERIES]
-    gpus = sorted({s.device for s in samples})
-    fig, axes = plt.subplots(len(gpus) + 1, 1, figsize=(9, 1.8 * len(gpus) + 1.2 + 0.3 * len(trace.processes)),
+    samples = (window_samples(trace) if span else None) or NONE
+    picked = np.isin(samples.key, np.array([KEYS.index(k) for k in SERIES]))
+    gpus = sorted(set(samples.gpu[picked].tolist()))
+    lanes = [(gpu, name, [k for k in keys if ((samples.gpu == gpu) & (samples.key == KEYS.index(k))).any()])
+             for gpu in gpus for name, keys in LANES]
+    lanes = [lane for lane in lanes if lane[2]]
+    fig, axes = plt.subplots(len(lanes) + 1, 1, figsize=(9, 1.2 + 0.3 * len(trace.processes) + 1.1 * len(lanes)),
                              sharex=True, squeeze=False)
-    panels = []
     t0 = span[0] if span else 0
-    for ax, gpu in zip(axes[:-1, 0], gpus):
-        for key in SERIES:
-            points = sorted((s.timestamp, s.value) for s in samples if s.device == gpu and s.key == key)
-            if points:
-                ax.plot([(t - t0) / 1e6 for t, _ in points], [v for _, v in points], label=key, linewidth=0.8)
-        ax.set_ylabel(f"GPU {gpu}")
+    bands = _bands(axes[0, 0], trace, span, t0)
+    drawn, panels = [], {}
+    for ax, (gpu, name, keys) in zip(axes[1:, 0], lanes):
+        for key in keys:
+            pick = (samples.gpu == gpu) & (samples.key == KEYS.index(key))
+            order = np.argsort(samples.time[pick], kind="stable")
+            ax.plot((samples.time[pick][order] - t0) / 1e6, samples.value[pick][order], label=key, linewidth=0.8)
+        ax.set_ylabel(f"GPU {gpu}\n{name}", fontsize=7)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        panels.append({"gpu": gpu, "series": [line.get_label() for line in ax.get_lines()]})
-    bands = _bands(axes[-1, 0], trace, span, t0)
+        series = [line.get_label() for line in ax.get_lines()]
+        drawn.append({"gpu": gpu, "lane": name, "series": series})
+        panels.setdefault(gpu, []).extend(series)
     axes[-1, 0].set_xlabel("ms from the window's start")
-    drawn_title = fig.suptitle(title + ("" if gpus else " (no GPU metrics: phase bands only)"), fontsize=9).get_text()
+    drawn_title = fig.suptitle(title + ("" if lanes else " (no GPU metrics: phase bands only)"), fontsize=9).get_text()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    return {"file": str(path), "title": drawn_title, "window_ns": list(span) if span else None, "panels": panels, "bands": bands}
+    return {"file": str(path), "title": drawn_title, "window_ns": list(span) if span else None,
+            "panels": [{"gpu": g, "series": s} for g, s in panels.items()], "lanes": drawn, "bands": bands}
 
 
 def _bands(ax, trace: Trace, span, t0: int) -> list[dict]:

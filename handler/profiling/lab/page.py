@@ -20,6 +20,7 @@ from handler.runtime.names import EPOCH
 
 from ..analysis import summarize
 from .figures import draw
+from ..gpu_metrics_render import lab_cell, lab_columns, report_overlap
 from ..nsys import sqlite_export
 from ..trace import Trace, load_trace
 from ..scaling.epochs import RULE as EPOCH_RULE, of_summary, short as epoch_note
@@ -184,6 +185,7 @@ def summary_row(summary: dict, entry: dict, machine: dict, metrics: dict | None)
                        "comm": r.get("comm"), "pipeline": r.get("pipeline")}
                       for r in summary["ranks"]],
             "gpu_table": summary["gpus"], "verdict": verdict(summary), "machine": machine,
+            "pcie_overlap": report_overlap(summary), "gpu_metrics_unplaced": summary.get("gpu_metrics_unplaced"),
             "comm_config": hook_of(metrics), "run": summary.get("run")}
 
 
@@ -278,6 +280,20 @@ def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
     return lines
 
 
+def _metric_lines(rows: list[dict]) -> list[str]:
+    """Per report with GPU metrics: the PCIe overlap (docs/PROFILING.md) and one line per kind of value it could not place."""
+    lines = []
+    for r in rows:
+        overlap = r.get("pcie_overlap")
+        if overlap:
+            share = overlap["share"]
+            lines.append(f"- {r['name']}: PCIe RX busy during {_pct(share)} of the time TX is busy ({overlap['busy_at']}; "
+                         f"{overlap['tx_busy_samples']} TX-busy samples)" if share is not None else
+                         f"- {r['name']}: PCIe TX never busy ({overlap['busy_at']}) inside the epochs")
+        lines += [f"- {r['name']}: {line}" for line in (r.get("gpu_metrics_unplaced") or {}).get("lines") or ()]
+    return ["", *lines] if lines else []
+
+
 def _cut_note(row: dict) -> str:
     """", cut short in epoch 3" beside the epoch time of a run that ended inside an epoch."""
     cut = row.get("incomplete")
@@ -289,17 +305,18 @@ def _gpu_tables(rows: list[dict]) -> list[str]:
     without = [r["name"] for r in rows if not r["gpu_table"]]
     none_here = (f"No CUDA activity in {'these reports' if len(without) == len(rows) else ', '.join(without)}"
                  " (CPU runs): no GPU to show.") if without else ""
-    metric_keys = sorted({k for r in rows for g in r["gpu_table"] or () for k in (g["metrics"] or {})})
+    metric_keys = lab_columns([g for r in rows for g in r["gpu_table"] or ()])
     per_gpu = ["| " + " | ".join([r["name"], str(g["device"]), _pct(g["kernel_busy_share"]),
                                    _pct(g["compute_busy_share"]), _num(g["nccl_kernel_s"], 3),
-                                   _num(g["peak_memory_mb"], 0), *(_num((g["metrics"] or {}).get(k), 1)
-                                                                  for k in metric_keys)]) + " |"
+                                   _num(g["peak_memory_mb"], 0), *(lab_cell(g["metrics"], k) for k in metric_keys)]) + " |"
                for r in rows for g in r["gpu_table"] or ()]
-    lines = ["", "## Per GPU", "", "Busy shares are of the epochs' length; metrics are means inside the epochs.", ""]
+    lines = ["", "## Per GPU", "", "Busy shares are of the epochs' length; GPU metrics (nsys' sampling, percent of "
+             "peak unless a rate) are means inside the epochs.", ""]
     if per_gpu:
         lines += ["| " + " | ".join(["report", "GPU", "kernel busy", "compute busy", "NCCL kernel s", "peak MB",
                                      *metric_keys]) + " |", "|---" * (6 + len(metric_keys)) + "|", *per_gpu]
     lines += [none_here] if none_here else []
+    lines += _metric_lines(rows)
     copies = [f"| {r['name']} | {g['device']} | {kind} | {c['count']} | {_num(c['mb'], 1)} | {_num(c['seconds'], 4)} |"
               for r in rows for g in r["gpu_table"] or () for kind, c in g["memcpy"].items()]
     lines += ["", "## Copies (memcpy inside the epochs)", ""]

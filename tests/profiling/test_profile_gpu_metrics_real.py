@@ -1,0 +1,84 @@
+"""GPU metrics of a real export: ../shared/nsys/aiprofiler_secondOptimization.sqlite.gz (nsys 2022.2 on an
+A100, exported by 2022.4: its 76,502 samples in GENERIC_EVENTS as JSON of strings). The summary's means
+inside its `Epoch 2` equal an SQL mean over the samples in that range, computed here apart; the lab
+page shows them and the figure draws their lanes."""
+import gzip
+import json
+import shutil
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from handler.profiling.analysis import summarize
+from handler.profiling.lab.page import write_lab
+from handler.profiling.trace import load_trace
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "nsys" / "aiprofiler_secondOptimization.sqlite.gz"
+FIELDS = {"sm_active_pct": "SM Active", "dram_read_pct": "DRAM Read Throughput", "dram_write_pct": "DRAM Write Throughput",
+          "pcie_rx_pct": "PCIe RX Throughput", "pcie_tx_pct": "PCIe TX Throughput"}
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory) -> Path:
+    if not SHARED.is_file():
+        pytest.skip(f"{SHARED} is not here (the shared exports sit beside the checkout)")
+    path = tmp_path_factory.mktemp("aip") / "aiprofiler_secondOptimization.sqlite"
+    with gzip.open(SHARED) as packed, open(path, "wb") as out:
+        shutil.copyfileobj(packed, out)
+    return path
+
+
+@pytest.fixture(scope="module")
+def summary(export) -> dict:
+    return summarize(load_trace(export))
+
+
+def sql_means(export: Path) -> tuple[dict, int]:
+    """Each field's mean over the GENERIC_EVENTS rows inside the `Epoch 2` NVTX range, and their count."""
+    with closing(sqlite3.connect(export)) as db:
+        start, end = db.execute("SELECT e.start, e.end FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                                "WHERE COALESCE(e.text, s.value) = 'Epoch 2'").fetchone()
+        columns = ", ".join(f"AVG(CAST(json_extract(data, '$.\"{name}\"') AS REAL))" for name in FIELDS.values())
+        row = db.execute(f"SELECT COUNT(*), {columns} FROM GENERIC_EVENTS WHERE rawTimestamp >= ? AND rawTimestamp < ?",
+                         (start, end)).fetchone()
+    return dict(zip(FIELDS, row[1:])), row[0]
+
+
+def test_the_means_inside_the_epoch_equal_an_sql_mean_over_its_samples(export, summary):
+    expected, count = sql_means(export)
+    gpu = summary["ranks"][0]["gpu_metrics"]["0"]
+    assert count == 76_344  # of 76,502: the rest lie before or after the epoch
+    for key, mean in expected.items():
+        assert gpu[key]["mean"] == pytest.approx(mean, rel=1e-12), key
+        assert gpu[key]["samples"] == count
+    assert gpu["dram_bw_pct"]["mean"] == pytest.approx(expected["dram_read_pct"] + expected["dram_write_pct"])
+
+
+def test_every_value_is_placed_or_counted_and_the_page_says_where(export, summary):
+    unplaced = summary["gpu_metrics_unplaced"]
+    assert unplaced["layout"] == "GENERIC_EVENTS" and unplaced["values"] == 76_502 * 9  # nine fields reported
+    assert unplaced["placed"] == 76_344 * 9
+    assert unplaced["outside_epochs"] == (76_502 - 76_344) * 9 and unplaced["unused_gpu"] == unplaced["unknown_source"] == 0
+    assert "SYS Clock Frequency" in unplaced["not_reported"]
+    overlap = summary["ranks"][0]["pcie_overlap"]["0"]
+    assert 0 < overlap["tx_busy_samples"] < 76_344 and overlap["share"] is not None
+
+
+def test_the_lab_page_shows_the_metrics_and_the_figure_their_lanes(export, tmp_path):
+    page = write_lab([{"report": export, "mode": "kit", "gpus": 1}], tmp_path / "lab")
+    lab = json.loads((tmp_path / "lab" / "lab.json").read_text())
+    (row,) = lab["reports"]
+    assert row["gpu_table"][0]["metrics"]["sm_active_pct"] == pytest.approx(
+        summary_mean(export, "sm_active_pct"), rel=1e-12)
+    assert "| SM Active % | DRAM read | DRAM write | DRAM bandwidth | PCIe RX | PCIe TX |" in page
+    assert "PCIe RX busy during" in page and "lie outside every epoch" in page
+    lanes = {(lane["gpu"], lane["lane"]): lane["series"] for lane in row["figure"]["lanes"]}
+    assert lanes == {(0, "SM Active"): ["sm_active_pct"], (0, "DRAM"): ["dram_read_pct", "dram_write_pct"],
+                     (0, "PCIe"): ["pcie_tx_pct", "pcie_rx_pct"]}
+    assert Path(row["figure"]["file"]).stat().st_size > 10_000
+
+
+def summary_mean(export: Path, key: str) -> float:
+    return sql_means(export)[0][key]
