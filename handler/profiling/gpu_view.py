@@ -114,10 +114,10 @@ def _phases(activity: GpuColumns, lookup: PhaseLookup, names: tuple, training_ti
     """Per row: the index in names of the phase that launched it, -1 for none (see the module doc)."""
     phase = np.full(len(activity), -1, dtype=np.int64)
     linked, pipeline_kernel = activity.linked, activity.full_matches(DALI_KERNEL)
-    own = linked & np.isin(activity.tid, list(lookup.by_thread)) & ~pipeline_kernel
+    own = linked & activity.of_threads(lookup.by_thread) & ~pipeline_kernel
     for tid in lookup.by_thread:
-        _assign(phase, own & (activity.tid == tid), lookup, tid, activity.launched, names)
-    pipeline = linked & ~own & (np.isin(activity.tid, list(pipeline_tids)) | pipeline_kernel)
+        _assign(phase, own & activity.of_threads((tid,)), lookup, tid, activity.launched, names)
+    pipeline = linked & ~own & (activity.of_threads(pipeline_tids) | pipeline_kernel)
     spans = merge((b.start, b.end) for b in batches)
     starts, ends = (np.array([s[k] for s in spans], dtype=np.int64) for k in (0, 1))
     at = np.searchsorted(starts, activity.launched, side="right") - 1
