@@ -2,11 +2,12 @@
 
 One Python object per kernel took 2.3 GB and 44 s for 2.0 M kernels (docs/RESULTS.md,
 "Profile analysis at scale"). Rows move as columns (sql_columns.read_columns: connectorx into
-Arrow into numpy, in chunks of rowids, so no more than a chunk is ever held twice), about 36
+Arrow into numpy, in chunks of rowids, so no more than a chunk is ever held twice), about 38
 bytes a row; the launching runtime call is joined in numpy (sort and searchsorted) a chunk of
-calls at a time, and only its thread and start are kept. Rows are grouped by process, so a
-rank's activity (of_pid) is a view, not a copy.
+calls at a time, and only its thread and start are kept. Rows are grouped by process and in
+start order, so a rank's activity (of_pid) is a view, not a copy, and its unions sort nothing.
 """
+import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def pid_of(global_id):
 @dataclass(frozen=True, eq=False)
 class GpuColumns:
     """Kernels, copies and memsets, grouped by process (pids ascending; process i's rows are
-    at[i]:at[i + 1]), in the export's order within one (no number depends on the order).
+    at[i]:at[i + 1]), in start order within one (merge_arrays then sorts nothing).
 
     name: a StringIds id into `names` (NO_NAME for copies and memsets, EMPTY_NAME for ''); thread:
     an index into `threads`, the launching runtime call's global thread id (-1: the last entry,
@@ -116,7 +117,7 @@ def from_rows(rows, names=None, full_names=None) -> GpuColumns:
     for tests that build activity by hand."""
     names = dict(names or {})
     ids = {n: i for i, n in names.items()}
-    rows = sorted(rows, key=lambda r: r[0])
+    rows = sorted(rows, key=lambda r: (r[0], r[2]))
     for name in (r[4] for r in rows):
         if name and name not in ids:
             ids[name] = len(names)
@@ -139,28 +140,62 @@ def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
     """The export's kernels, copies and memsets, linked to their runtime calls; None without any.
 
     Two passes over the activity tables: first each row's process and correlation id (one int64
-    key), which fix where each row goes and which call launched it; then the columns the analysis
-    uses, each chunk written straight to its rows' places."""
+    key) and start, which fix where each row goes and which call launched it; then the other
+    columns the analysis uses, each chunk written straight to its rows' places."""
+    _frees_to_the_system()
     parts = [t for t in (KERNELS, *TRANSFERS) if t in tables]
     spans = {t: _rowids(db, t) for t in parts}
     n = sum(count for _, _, count in spans.values())
     if not n:
         return None
-    keys = np.empty(n, dtype=np.int64)
-    _fill(export, {t: (_key_sql(t, columns(db, t)), spans[t]) for t in parts}, {"key": keys}, None)
-    pids, counts = np.unique(keys >> 32, return_counts=True)
-    at = np.r_[0, np.cumsum(counts)]
-    place = np.argsort(keys >> 32, kind="stable").astype(np.int32)  # place[new] = old, then inverted:
-    place[place.copy()] = np.arange(n, dtype=np.int32)  # place[old] = new
-    thread, launched, threads = _link(db, tables, columns, export, keys, place)
+    first = {"key": np.empty(n, dtype=np.int64), "start": np.empty(n, dtype=np.int64)}
+    _fill(export, {t: (_key_sql(t, columns(db, t)), spans[t]) for t in parts}, first, None)
+    keys = first.pop("key")
+    pids, at, place, start = _grouped(keys, first)
+    wanted, dest = _sorted_keys(keys, place)
     del keys
-    out = {"device": np.empty(n, dtype=np.int16), "start": np.empty(n, dtype=np.int64),
-           "end": np.empty(n, dtype=np.int64), "name": np.empty(n, dtype=np.int32),
+    thread, launched, threads = _link(db, tables, columns, export, wanted, dest)
+    del wanted, dest
+    out = {"device": np.empty(n, dtype=np.int16), "end": np.empty(n, dtype=np.int64), "name": np.empty(n, dtype=np.int32),
            "full": np.empty(n, dtype=np.int32)}
     string_ids = "StringIds" in tables
     _fill(export, {t: (_activity_sql(t, columns(db, t), string_ids), spans[t]) for t in parts}, out, place)
-    return GpuColumns(pids, at, **out, thread=thread, launched=launched, threads=threads,
+    del place
+    return GpuColumns(pids, at, **out, start=start, thread=thread, launched=launched, threads=threads,
                       names=_strings(db, tables, out["name"]), full_names=_strings(db, tables, out["full"]))
+
+
+def _frees_to_the_system() -> None:
+    """glibc keeps a freed block below its mmap threshold in the heap, and raises the threshold
+    to each large block freed, so the reader's temporary columns stayed in the process's memory
+    (2 M kernels: peak 391 MB, 343 MB with the threshold fixed; docs/RESULTS.md). Fixed at 64 KiB,
+    every array larger goes back to the system when freed. Another C library: nothing to fix."""
+    try:
+        ctypes.CDLL(None).mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD (malloc.h)
+    except (OSError, AttributeError):
+        pass
+
+
+def _grouped(keys: np.ndarray, read: dict):
+    """Rows by process, then start: the processes, their bounds, each read row's place
+    (int32, read row -> its row) and the starts in that order (read's, taken out of it)."""
+    pid = (keys >> 32).astype(np.int32)
+    order = np.lexsort((read["start"], pid))  # order[row] = read row; stable among equal starts
+    sorted_pid = pid[order]
+    del pid
+    heads = np.flatnonzero(np.r_[True, sorted_pid[1:] != sorted_pid[:-1]])
+    pids, at = sorted_pid[heads].astype(np.int64), np.r_[heads, len(keys)]
+    del sorted_pid
+    start = read.pop("start")[order]
+    place = np.empty(len(keys), dtype=np.int32)
+    place[order] = np.arange(len(keys), dtype=np.int32)
+    return pids, at, place, start
+
+
+def _sorted_keys(keys: np.ndarray, place: np.ndarray):
+    """The keys sorted (stable), and the row each sorted key belongs to."""
+    order = np.argsort(keys, kind="stable")
+    return keys[order], place[order]
 
 
 def _rowids(db, table: str) -> tuple[int, int, int]:
@@ -193,11 +228,11 @@ def _fill(export: Path, queries: dict, out: dict, place: np.ndarray | None) -> N
 def _key_sql(table: str, have: set) -> str:
     """Per row: its process (high 32 bits) and correlation id (low 32; LOW where none)."""
     corr = f"(COALESCE(correlationId, {LOW}) & {LOW})" if "correlationId" in have else str(LOW)
-    return f"SELECT ({PID.format('globalPid')} << 32) | {corr} AS key FROM {table}"
+    return f"SELECT ({PID.format('globalPid')} << 32) | {corr} AS key, start FROM {table}"
 
 
 def _activity_sql(table: str, have: set, string_ids: bool) -> str:
-    head = "SELECT deviceId AS device, start, end"
+    head = "SELECT deviceId AS device, end"
     if table != KERNELS:
         return f"{head}, {NO_NAME} AS name, {MISSING} AS full FROM {table}"
     name = f"COALESCE(shortName, {EMPTY_NAME})" if string_ids else str(EMPTY_NAME)
@@ -218,47 +253,42 @@ def _strings(db, tables: set, ids: np.ndarray) -> dict:
     return found
 
 
-def _link(db, tables, columns, export: Path, keys: np.ndarray, place: np.ndarray):
-    """Per row (at its place): the thread (an index into the threads returned) and start of the
-    first runtime call (by start, then rowid) of the same process with its correlation id; ids
-    repeat across processes, and within one (runtime and driver call). The calls are read a chunk
-    at a time and matched to the rows' sorted keys, keeping each row's best call so far."""
-    n = len(keys)
+def _link(db, tables, columns, export: Path, wanted: np.ndarray, dest: np.ndarray):
+    """Per row: the thread (an index into the threads returned) and start of the first runtime
+    call (by start, then rowid) of the same process with its correlation id; ids repeat across
+    processes, and within one (runtime and driver call). wanted: the rows' keys, sorted; dest: the
+    row of each. The calls are read a chunk at a time, keeping each key's best call so far."""
+    n = len(wanted)
     if RUNTIME not in tables or not {"correlationId", "globalTid"} <= columns(db, RUNTIME):
         return np.full(n, -1, dtype=np.int32), np.full(n, MISSING, dtype=np.int64), np.array([MISSING])
-    order = np.argsort(keys, kind="stable")
-    wanted = keys[order]
-    dest = place[order]  # where each sorted key's row goes
-    del order
     best_start = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    best_tid = np.full(n, MISSING, dtype=np.int64)
+    best = np.full(n, -1, dtype=np.int32)  # an index into threads
+    threads: dict[int, int] = {}  # global thread id -> its index, in order of appearance
     sql = (f"SELECT start, COALESCE(globalTid, 0) AS tid, ({PID.format('globalTid')} << 32) | "
            f"(correlationId & {LOW}) AS key FROM {RUNTIME}")
     for chunk in _chunks(sql, _rowids(db, RUNTIME), "correlationId IS NOT NULL AND "):
         calls = read_columns(export, chunk, {"start": "i8", "tid": "i8", "key": "i8"})
         at = np.minimum(np.searchsorted(wanted, calls["key"]), n - 1)
         hit = np.flatnonzero((wanted[at] == calls["key"]) & ((calls["key"] & LOW) != LOW))
-        at, start, thread = at[hit], calls["start"][hit], calls["tid"][hit]
+        at, start, tid = at[hit], calls["start"][hit], calls["tid"][hit]
         first = np.lexsort((start, at))  # by row, then start; stable: the earlier rowid among equal starts
-        at, start, thread = at[first], start[first], thread[first]
+        at, start, tid = at[first], start[first], tid[first]
         lead = np.r_[True, at[1:] != at[:-1]]
-        at, start, thread = at[lead], start[lead], thread[lead]
+        at, start, tid = at[lead], start[lead], tid[lead]
         better = start < best_start[at]
-        best_start[at[better]], best_tid[at[better]] = start[better], thread[better]
+        seen, code = np.unique(tid[better], return_inverse=True)
+        codes = np.array([threads.setdefault(t, len(threads)) for t in seen.tolist()], dtype=np.int32)
+        best_start[at[better]], best[at[better]] = start[better], codes[code.reshape(-1)]
     # Rows with the same key share the call of the first (searchsorted finds the first of equal keys).
     repeats = np.flatnonzero(wanted[1:] == wanted[:-1]) + 1
     heads = np.flatnonzero(np.r_[True, wanted[1:] != wanted[:-1]])
     of = heads[np.searchsorted(heads, repeats, side="right") - 1]
-    best_start[repeats], best_tid[repeats] = best_start[of], best_tid[of]
-    del wanted
-    best_start[best_tid == MISSING] = MISSING
+    best_start[repeats], best[repeats] = best_start[of], best[of]
+    best_start[best == -1] = MISSING
     launched = np.empty(n, dtype=np.int64)
     launched[dest] = best_start
     del best_start
-    threads = np.r_[np.setdiff1d(np.unique(best_tid), [MISSING]), MISSING]
-    code = np.searchsorted(threads[:-1], best_tid).astype(np.int32)
-    code[best_tid == MISSING] = -1
-    del best_tid
     thread = np.empty(n, dtype=np.int32)
-    thread[dest] = code
-    return thread, launched, threads
+    thread[dest] = best
+    threads_array = np.array([*threads, MISSING], dtype=np.int64)
+    return thread, launched, threads_array

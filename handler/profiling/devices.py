@@ -87,9 +87,11 @@ def gpu_table(trace) -> list[dict] | None:
         span_ns = length(spans)
         on = kernel & (gpu.device == device)
         busy = overlap(spans, merge_arrays(gpu.start[on], gpu.end[on]))
-        compute = overlap(spans, merge_arrays(gpu.start[on & ~nccl], gpu.end[on & ~nccl]))
-        inside = _inside(gpu.start, spans)
-        nccl_ns = int((gpu.end - gpu.start)[on & nccl & inside].sum())
+        on &= ~nccl
+        compute = overlap(spans, merge_arrays(gpu.start[on], gpu.end[on]))
+        rows = np.flatnonzero(kernel & nccl & (gpu.device == device))
+        rows = rows[_inside(gpu.start[rows], spans)]
+        nccl_ns = int((gpu.end[rows] - gpu.start[rows]).sum())
         table.append({"device": device, "kernel_busy_share": busy / span_ns if span_ns else None,
                       "compute_busy_share": compute / span_ns if span_ns else None,
                       "kernel_busy_s": busy / 1e9, "epochs_s": span_ns / 1e9, "nccl_kernel_s": nccl_ns / 1e9,

@@ -87,8 +87,8 @@ def gpu_stats(activity: GpuColumns, phase_ranges, phases, epochs, training_tid, 
     devices = sorted(set(np.unique(activity.device).tolist()))
     spans = merge((r.start, r.end) for r in epochs)
     capacity = length(spans) * len(devices)
-    busy = {d: merge_arrays(activity.start[activity.device == d], activity.end[activity.device == d])
-            for d in devices}
+    busy = {d: merge_arrays(activity.start, activity.end) if len(devices) == 1 else
+            merge_arrays(activity.start[activity.device == d], activity.end[activity.device == d]) for d in devices}
     idle_ns = capacity - sum(overlap(spans, b) for b in busy.values())
     # The training thread waiting for data, less the copy (`h2d`) nested in it since the loop's
     # `data` phase holds the loader's copy.
@@ -112,7 +112,7 @@ def gpu_stats(activity: GpuColumns, phase_ranges, phases, epochs, training_tid, 
 def _phases(activity: GpuColumns, lookup: PhaseLookup, names: tuple, training_tid, batches,
             pipeline_tids) -> np.ndarray:
     """Per row: the index in names of the phase that launched it, -1 for none (see the module doc)."""
-    phase = np.full(len(activity), -1, dtype=np.int64)
+    phase = np.full(len(activity), -1, dtype=np.int8)
     linked, pipeline_kernel = activity.linked, activity.full_matches(DALI_KERNEL)
     own = linked & activity.of_threads(lookup.by_thread) & ~pipeline_kernel
     for tid in lookup.by_thread:

@@ -77,14 +77,19 @@ def nesting_parents(ranges) -> list[int]:
 def merge_arrays(starts, ends) -> tuple:
     """merge() of parallel arrays: sorted, disjoint (and never touching) intervals."""
     keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
+    if not keep.all():
+        starts, ends = starts[keep], ends[keep]
+    del keep
     if not len(starts):
         return starts, ends
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
+    if (starts[1:] < starts[:-1]).any():  # sorted already (a process's kernels, say): no copy
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        del order
+    # The running furthest end: at the last interval of a merged group it is the group's end.
     reach = np.maximum.accumulate(ends)
     first = np.flatnonzero(np.r_[True, starts[1:] > reach[:-1]])
-    return starts[first], np.maximum.reduceat(ends, first)
+    return starts[first], reach[np.r_[first[1:] - 1, len(reach) - 1]]
 
 
 def covered_before(merged: tuple, times) -> np.ndarray:
