@@ -25,6 +25,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from statistics import median
 
@@ -94,7 +96,8 @@ def run_size(copies: int, folder: Path, codes: dict, rounds: int, nsys: str | No
     if nsys:
         theirs.parent.mkdir()
         shutil.copyfile(export, theirs)
-    runners = {name: (lambda code=code: measure(code, export, folder / f"out-{name}")) for name, code in codes.items()}
+    runners: dict[str, Callable[[], dict]] = {
+        name: partial(measure, code, export, folder / f"out-{name}") for name, code in codes.items()}
     if nsys:
         runners["nsys"] = lambda: measure_nsys(nsys, theirs)
     runs = {name: [] for name in runners}

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from handler.runtime.errors import UserError
+
 from .sql_columns import read_columns
 
 KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -145,11 +147,13 @@ def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
     _frees_to_the_system()
     parts = [t for t in (KERNELS, *TRANSFERS) if t in tables]
     spans = {t: _rowids(db, t) for t in parts}
-    n = sum(count for _, _, count in spans.values())
+    most = sum(high - low + 1 for low, high in spans.values())  # rowids: nsys numbers rows 1, 2, ...
+    first = {"key": np.empty(most, dtype=np.int64), "start": np.empty(most, dtype=np.int64)}
+    n = _fill(export, {t: (_key_sql(t, columns(db, t)), spans[t]) for t in parts}, first, None)
     if not n:
         return None
-    first = {"key": np.empty(n, dtype=np.int64), "start": np.empty(n, dtype=np.int64)}
-    _fill(export, {t: (_key_sql(t, columns(db, t)), spans[t]) for t in parts}, first, None)
+    if n < most:  # rowids with gaps (rows deleted): no more than the rows read
+        first = {name: array[:n].copy() for name, array in first.items()}
     keys = first.pop("key")
     pids, at, place, start = _grouped(keys, first)
     wanted, dest = _sorted_keys(keys, place)
@@ -159,7 +163,8 @@ def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
     out = {"device": np.empty(n, dtype=np.int16), "end": np.empty(n, dtype=np.int64), "name": np.empty(n, dtype=np.int32),
            "full": np.empty(n, dtype=np.int32)}
     string_ids = "StringIds" in tables
-    _fill(export, {t: (_activity_sql(t, columns(db, t), string_ids), spans[t]) for t in parts}, out, place)
+    if _fill(export, {t: (_activity_sql(t, columns(db, t), string_ids), spans[t]) for t in parts}, out, place) != n:
+        raise UserError(f"{export} changed while the report read it; let whatever writes it finish, then run the report again")
     del place
     return GpuColumns(pids, at, **out, start=start, thread=thread, launched=launched, threads=threads,
                       names=_strings(db, tables, out["name"]), full_names=_strings(db, tables, out["full"]))
@@ -168,10 +173,10 @@ def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
 def _frees_to_the_system() -> None:
     """glibc keeps a freed block below its mmap threshold in the heap, and raises the threshold
     to each large block freed, so the reader's temporary columns stayed in the process's memory
-    (2 M kernels: peak 391 MB, 343 MB with the threshold fixed; docs/RESULTS.md). Fixed at 64 KiB,
+    (2 M kernels: peak 391 MB, 343 MB with the threshold fixed; docs/RESULTS.md). Fixed at 4 MiB,
     every array larger goes back to the system when freed. Another C library: nothing to fix."""
     try:
-        ctypes.CDLL(None).mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD (malloc.h)
+        ctypes.CDLL(None).mallopt(-3, 1 << 22)  # M_MMAP_THRESHOLD (malloc.h)
     except (OSError, AttributeError):
         pass
 
@@ -198,20 +203,22 @@ def _sorted_keys(keys: np.ndarray, place: np.ndarray):
     return keys[order], place[order]
 
 
-def _rowids(db, table: str) -> tuple[int, int, int]:
-    low, high, count = db.execute(f"SELECT MIN(rowid), MAX(rowid), COUNT(*) FROM {table}").fetchone()
-    return (low or 0), (high or -1), count
+def _rowids(db, table: str) -> tuple[int, int]:
+    """The table's first and last rowid (no count: COUNT(*) reads every page)."""
+    low, high = db.execute(f"SELECT MIN(rowid), MAX(rowid) FROM {table}").fetchone()
+    return (0, -1) if low is None else (low, high)
 
 
-def _chunks(sql: str, span: tuple[int, int, int], where: str = ""):
+def _chunks(sql: str, span: tuple[int, int], where: str = ""):
     """The query over successive rowid ranges of CHUNK, in rowid order."""
-    low, high, _ = span
+    low, high = span
     for first in range(low, high + 1, CHUNK):
         yield f"{sql} WHERE {where}rowid >= {first} AND rowid < {first + CHUNK} ORDER BY rowid"
 
 
-def _fill(export: Path, queries: dict, out: dict, place: np.ndarray | None) -> None:
-    """Each table's rows, in order, into the arrays of `out`: row i at place[i] (i itself without place)."""
+def _fill(export: Path, queries: dict, out: dict, place: np.ndarray | None) -> int:
+    """Each table's rows, in order, into the arrays of `out`: row i at place[i] (i itself without
+    place); returns how many."""
     at = 0
     for sql, span in queries.values():
         for chunk in _chunks(sql, span):
@@ -221,8 +228,7 @@ def _fill(export: Path, queries: dict, out: dict, place: np.ndarray | None) -> N
             for name, array in out.items():
                 array[where] = read[name]
             at += rows
-    if at != len(next(iter(out.values()))):
-        raise ValueError(f"the export's activity tables changed while read: {at} rows, counted {len(next(iter(out.values())))}")
+    return at
 
 
 def _key_sql(table: str, have: set) -> str:

@@ -38,18 +38,18 @@ def load_copies(db, tables: set, columns, export: Path) -> Copies | None:
     """The memcpy rows as columns (sql_columns), read in chunks of rowids straight into their records."""
     if MEMCPY not in tables or not {"copyKind", "bytes", "deviceId"} <= columns(db, MEMCPY):
         return None
-    low, high, count = db.execute(f"SELECT MIN(rowid), MAX(rowid), COUNT(*) FROM {MEMCPY}").fetchone()
-    if not count:
+    low, high = db.execute(f"SELECT MIN(rowid), MAX(rowid) FROM {MEMCPY}").fetchone()  # no COUNT(*): a scan
+    if low is None:
         return None
-    rows, at = np.empty(count, dtype=COPY), 0
+    rows, at = np.empty(high - low + 1, dtype=COPY), 0
     for first in range(low, high + 1, CHUNK):
         read = read_columns(export, "SELECT deviceId AS device, copyKind AS kind, COALESCE(bytes, 0) AS bytes, start, "
                             f"end FROM {MEMCPY} WHERE rowid >= {first} AND rowid < {first + CHUNK} ORDER BY rowid",
-                            {name: "i8" for name in COPY.names})
-        for name in COPY.names:
+                            {name: "i8" for name in COPY.names or ()})
+        for name in COPY.names or ():
             rows[name][at:at + len(read["start"])] = read[name]
         at += len(read["start"])
-    return Copies(rows[:at])
+    return Copies(rows[:at]) if at else None
 
 
 def load_peaks(db, tables: set, columns, export: Path) -> dict | None:
