@@ -13,8 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from handler.runtime.errors import UserError
-
 from .sql_columns import read_columns
 
 KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -141,33 +139,30 @@ def from_rows(rows, names=None, full_names=None) -> GpuColumns:
 def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
     """The export's kernels, copies and memsets, linked to their runtime calls; None without any.
 
-    Two passes over the activity tables: first each row's process and correlation id (one int64
-    key) and start, which fix where each row goes and which call launched it; then the other
-    columns the analysis uses, each chunk written straight to its rows' places."""
+    One pass over the activity tables reads each row's process and correlation id (one int64
+    key) and the columns the analysis uses; the rows are then put in order one column at a time,
+    and the keys find each row's launching call."""
     _frees_to_the_system()
     parts = [t for t in (KERNELS, *TRANSFERS) if t in tables]
     spans = {t: _rowids(db, t) for t in parts}
     most = sum(high - low + 1 for low, high in spans.values())  # rowids: nsys numbers rows 1, 2, ...
-    first = {"key": np.empty(most, dtype=np.int64), "start": np.empty(most, dtype=np.int64)}
-    n = _fill(export, {t: (_key_sql(t, columns(db, t)), spans[t]) for t in parts}, first, None)
+    read = {"key": np.empty(most, dtype=np.int64), "start": np.empty(most, dtype=np.int64),
+            "end": np.empty(most, dtype=np.int64), "device": np.empty(most, dtype=np.int16),
+            "name": np.empty(most, dtype=np.int32), "full": np.empty(most, dtype=np.int32)}
+    string_ids = "StringIds" in tables
+    n = _fill(export, {t: (_activity_sql(t, columns(db, t), string_ids), spans[t]) for t in parts}, read)
     if not n:
         return None
     if n < most:  # rowids with gaps (rows deleted): no more than the rows read
-        first = {name: array[:n].copy() for name, array in first.items()}
-    keys = first.pop("key")
-    pids, at, place, start = _grouped(keys, first)
+        read = {name: array[:n].copy() for name, array in read.items()}
+    keys = read.pop("key")
+    pids, at, place = _grouped(keys, read)
     wanted, dest = _sorted_keys(keys, place)
-    del keys
+    del keys, place
     thread, launched, threads = _link(db, tables, columns, export, wanted, dest)
     del wanted, dest
-    out = {"device": np.empty(n, dtype=np.int16), "end": np.empty(n, dtype=np.int64), "name": np.empty(n, dtype=np.int32),
-           "full": np.empty(n, dtype=np.int32)}
-    string_ids = "StringIds" in tables
-    if _fill(export, {t: (_activity_sql(t, columns(db, t), string_ids), spans[t]) for t in parts}, out, place) != n:
-        raise UserError(f"{export} changed while the report read it; let whatever writes it finish, then run the report again")
-    del place
-    return GpuColumns(pids, at, **out, start=start, thread=thread, launched=launched, threads=threads,
-                      names=_strings(db, tables, out["name"]), full_names=_strings(db, tables, out["full"]))
+    return GpuColumns(pids, at, **read, thread=thread, launched=launched, threads=threads,
+                      names=_strings(db, tables, read["name"]), full_names=_strings(db, tables, read["full"]))
 
 
 def _frees_to_the_system() -> None:
@@ -182,8 +177,8 @@ def _frees_to_the_system() -> None:
 
 
 def _grouped(keys: np.ndarray, read: dict):
-    """Rows by process, then start: the processes, their bounds, each read row's place
-    (int32, read row -> its row) and the starts in that order (read's, taken out of it)."""
+    """Rows by process, then start: the processes, their bounds and each read row's place (int32,
+    read row -> its row); read's columns are put in that order, one at a time."""
     pid = (keys >> 32).astype(np.int32)
     order = np.lexsort((read["start"], pid))  # order[row] = read row; stable among equal starts
     sorted_pid = pid[order]
@@ -191,10 +186,11 @@ def _grouped(keys: np.ndarray, read: dict):
     heads = np.flatnonzero(np.r_[True, sorted_pid[1:] != sorted_pid[:-1]])
     pids, at = sorted_pid[heads].astype(np.int64), np.r_[heads, len(keys)]
     del sorted_pid
-    start = read.pop("start")[order]
+    for name in list(read):
+        read[name] = read[name][order]
     place = np.empty(len(keys), dtype=np.int32)
     place[order] = np.arange(len(keys), dtype=np.int32)
-    return pids, at, place, start
+    return pids, at, place
 
 
 def _sorted_keys(keys: np.ndarray, place: np.ndarray):
@@ -216,29 +212,24 @@ def _chunks(sql: str, span: tuple[int, int], where: str = ""):
         yield f"{sql} WHERE {where}rowid >= {first} AND rowid < {first + CHUNK} ORDER BY rowid"
 
 
-def _fill(export: Path, queries: dict, out: dict, place: np.ndarray | None) -> int:
-    """Each table's rows, in order, into the arrays of `out`: row i at place[i] (i itself without
-    place); returns how many."""
+def _fill(export: Path, queries: dict, out: dict) -> int:
+    """Each table's rows, in order, into the arrays of `out`; returns how many."""
     at = 0
     for sql, span in queries.values():
         for chunk in _chunks(sql, span):
             read = read_columns(export, chunk, {name: "i8" for name in out})
             rows = len(read[next(iter(out))])
-            where = slice(at, at + rows) if place is None else place[at:at + rows]
             for name, array in out.items():
-                array[where] = read[name]
+                array[at:at + rows] = read[name]
             at += rows
     return at
 
 
-def _key_sql(table: str, have: set) -> str:
-    """Per row: its process (high 32 bits) and correlation id (low 32; LOW where none)."""
-    corr = f"(COALESCE(correlationId, {LOW}) & {LOW})" if "correlationId" in have else str(LOW)
-    return f"SELECT ({PID.format('globalPid')} << 32) | {corr} AS key, start FROM {table}"
-
-
 def _activity_sql(table: str, have: set, string_ids: bool) -> str:
-    head = "SELECT deviceId AS device, end"
+    """Per row: its key, process (high 32 bits) and correlation id (low 32; LOW where none), and
+    the columns the analysis uses."""
+    corr = f"(COALESCE(correlationId, {LOW}) & {LOW})" if "correlationId" in have else str(LOW)
+    head = f"SELECT ({PID.format('globalPid')} << 32) | {corr} AS key, start, end, deviceId AS device"
     if table != KERNELS:
         return f"{head}, {NO_NAME} AS name, {MISSING} AS full FROM {table}"
     name = f"COALESCE(shortName, {EMPTY_NAME})" if string_ids else str(EMPTY_NAME)
