@@ -120,9 +120,10 @@ def _phases(activity: GpuColumns, lookup: PhaseLookup, names: tuple, training_ti
     pipeline = linked & ~own & (activity.of_threads(pipeline_tids) | pipeline_kernel)
     spans = merge((b.start, b.end) for b in batches)
     starts, ends = (np.array([s[k] for s in spans], dtype=np.int64) for k in (0, 1))
-    at = np.searchsorted(starts, activity.launched, side="right") - 1
-    in_batch = (at >= 0) & (activity.launched < ends[np.maximum(at, 0)]) if spans else np.zeros(len(at), bool)
-    phase[pipeline & in_batch] = names.index(DATA_GPU)
+    rows = np.flatnonzero(pipeline)  # few: only theirs are looked up
+    at = np.searchsorted(starts, activity.launched[rows], side="right") - 1
+    in_batch = (at >= 0) & (activity.launched[rows] < ends[np.maximum(at, 0)]) if spans else np.zeros(len(at), bool)
+    phase[rows[in_batch]] = names.index(DATA_GPU)
     _assign(phase, linked & ~own & ~pipeline, lookup, training_tid, activity.launched, names)
     return phase
 

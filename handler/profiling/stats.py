@@ -89,7 +89,10 @@ def merge_arrays(starts, ends) -> tuple:
     # The running furthest end: at the last interval of a merged group it is the group's end.
     reach = np.maximum.accumulate(ends)
     first = np.flatnonzero(np.r_[True, starts[1:] > reach[:-1]])
-    return starts[first], reach[np.r_[first[1:] - 1, len(reach) - 1]]
+    last = np.empty_like(first)
+    last[:-1], last[-1] = first[1:], len(reach)
+    last -= 1
+    return starts[first], reach[last]
 
 
 def covered_before(merged: tuple, times) -> np.ndarray:
@@ -98,7 +101,10 @@ def covered_before(merged: tuple, times) -> np.ndarray:
     times = np.asarray(times, dtype=np.int64)
     if not len(starts):
         return np.zeros(len(times), dtype=np.int64)
-    done = np.r_[0, np.cumsum(ends - starts)]
+    done = np.empty(len(starts) + 1, dtype=np.int64)
+    done[0] = 0
+    np.subtract(ends, starts, out=done[1:])
+    np.cumsum(done[1:], out=done[1:])
     i = np.searchsorted(starts, times, side="right")  # intervals starting at or before each time
     last = np.maximum(i - 1, 0)
     partial = np.where(i > 0, np.minimum(times, ends[last]) - starts[last], 0)
