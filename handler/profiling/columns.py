@@ -7,11 +7,12 @@ bytes a row; the launching runtime call is joined in numpy (sort and searchsorte
 calls at a time, and only its thread and start are kept. Rows are grouped by process and in
 start order, so a rank's activity (of_pid) is a view, not a copy, and its unions sort nothing.
 """
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from handler.runtime.cpu_memory import give_back_freed_arrays
 
 from .sql_columns import read_columns
 
@@ -142,7 +143,7 @@ def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
     One pass over the activity tables reads each row's process and correlation id (one int64
     key) and the columns the analysis uses; the rows are then put in order one column at a time,
     and the keys find each row's launching call."""
-    _frees_to_the_system()
+    give_back_freed_arrays()  # the temporary columns leave the process when freed
     parts = [t for t in (KERNELS, *TRANSFERS) if t in tables]
     spans = {t: _rowids(db, t) for t in parts}
     most = sum(high - low + 1 for low, high in spans.values())  # rowids: nsys numbers rows 1, 2, ...
@@ -163,17 +164,6 @@ def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
     del wanted, dest
     return GpuColumns(pids, at, **read, thread=thread, launched=launched, threads=threads,
                       names=_strings(db, tables, read["name"]), full_names=_strings(db, tables, read["full"]))
-
-
-def _frees_to_the_system() -> None:
-    """glibc keeps a freed block below its mmap threshold in the heap, and raises the threshold
-    to each large block freed, so the reader's temporary columns stayed in the process's memory
-    (2 M kernels: peak 391 MB, 343 MB with the threshold fixed; docs/RESULTS.md). Fixed at 4 MiB,
-    every array larger goes back to the system when freed. Another C library: nothing to fix."""
-    try:
-        ctypes.CDLL(None).mallopt(-3, 1 << 22)  # M_MMAP_THRESHOLD (malloc.h)
-    except (OSError, AttributeError):
-        pass
 
 
 def _grouped(keys: np.ndarray, read: dict):
