@@ -69,8 +69,11 @@ def test_bench_profile_scale_quick_runs_old_and_new_side_by_side(tmp_path):
     run = subprocess.run([sys.executable, "-m", "bench.profile_scale", "--quick", "--ref", "HEAD", "--json", str(out)],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    sizes = json.loads(out.read_text())["sizes"]
+    result = json.loads(out.read_text())
+    sizes = result["sizes"]
     assert [s["copies"] for s in sizes] == [1, 2]
+    if result["nsys"]:  # nsys stats beside ours, where installed: the ratios of each round
+        assert all(s["nsys"]["peak_mb"] > 0 and s["over_nsys"]["cpu_s"] > 0 for s in sizes)
     assert sizes[1]["rows"]["CUPTI_ACTIVITY_KIND_KERNEL"] == 2 * sizes[0]["rows"]["CUPTI_ACTIVITY_KIND_KERNEL"]
     for size in sizes:
         assert size["same_summary"] and size["new"]["line"].startswith("profile: ")
