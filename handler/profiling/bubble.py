@@ -92,9 +92,9 @@ def _gpu_view(pieces, batches, activity: GpuColumns) -> dict | None:
     starts = [b.start for b in batches]
     batch = np.full(len(activity), -1, dtype=np.int64)
     compute = np.zeros(len(activity), dtype=bool)
-    own = np.isin(activity.tid, list(lookup.by_thread))
+    own = activity.of_threads(lookup.by_thread)
     for tid in lookup.by_thread:
-        rows = activity.linked & ((activity.tid == tid) | (~own if tid == training else False))
+        rows = activity.linked & (activity.of_threads((tid,)) | (~own if tid == training else False))
         found = lookup.innermost_many(tid, activity.launched[rows])
         of_piece = np.array([_batch_of(r, starts, batches) for r in lookup.by_thread[tid]] + [-1], dtype=np.int64)
         work = np.array([r.name not in WAIT for r in lookup.by_thread[tid]] + [False])

@@ -10,12 +10,15 @@ it (`gpus` in the summary, docs/PROFILING.md):
                       CUDA_GPU_MEMORY_USAGE_EVENTS (recorded with --cuda-memory-usage); None without.
 """
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from handler.runtime.names import EPOCH
 
+from .columns import CHUNK
 from .gpu_metrics_summary import device_means
+from .sql_columns import read_columns
 from .stats import length, merge, merge_arrays, overlap
 
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -23,33 +26,44 @@ MEMORY = "CUDA_GPU_MEMORY_USAGE_EVENTS"
 COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP"}
 DEVICE_MEMORY = (2, 5)  # ENUM_CUDA_MEM_KIND: Device, Device Static
 MB = 1e6
-COPY = np.dtype([("device", "i8"), ("kind", "i8"), ("bytes", "i8"), ("start", "i8"), ("end", "i8")])
+COPY = np.dtype([("device", "i2"), ("kind", "i2"), ("bytes", "i8"), ("start", "i8"), ("end", "i8")])
 
 
 @dataclass(frozen=True, eq=False)
 class Copies:
-    rows: np.ndarray  # COPY records, in start order
+    rows: np.ndarray  # COPY records, in the export's order
 
 
-def load_copies(db, tables: set, columns) -> Copies | None:
+def load_copies(db, tables: set, columns, export: Path) -> Copies | None:
+    """The memcpy rows as columns (sql_columns), read in chunks of rowids straight into their records."""
     if MEMCPY not in tables or not {"copyKind", "bytes", "deviceId"} <= columns(db, MEMCPY):
         return None
-    count = db.execute(f"SELECT COUNT(*) FROM {MEMCPY}").fetchone()[0]
-    rows = np.fromiter(db.execute(f"SELECT deviceId, copyKind, bytes, start, end FROM {MEMCPY} ORDER BY start"),
-                       dtype=COPY, count=count)
-    return Copies(rows) if count else None
+    low, high = db.execute(f"SELECT MIN(rowid), MAX(rowid) FROM {MEMCPY}").fetchone()  # no COUNT(*): a scan
+    if low is None:
+        return None
+    rows, at = np.empty(high - low + 1, dtype=COPY), 0
+    for first in range(low, high + 1, CHUNK):
+        read = read_columns(export, "SELECT deviceId AS device, copyKind AS kind, COALESCE(bytes, 0) AS bytes, start, "
+                            f"end FROM {MEMCPY} WHERE rowid >= {first} AND rowid < {first + CHUNK} ORDER BY rowid",
+                            {name: "i8" for name in COPY.names or ()})
+        for name in COPY.names or ():
+            rows[name][at:at + len(read["start"])] = read[name]
+        at += len(read["start"])
+    return Copies(rows[:at]) if at else None
 
 
-def load_peaks(db, tables: set, columns) -> dict | None:
+def load_peaks(db, tables: set, columns, export: Path) -> dict | None:
     """CUDA device -> the peak of its allocated device memory in bytes; None: not recorded."""
     if MEMORY not in tables or not {"deviceId", "bytes", "memKind", "memoryOperationType"} <= columns(db, MEMORY):
         return None
-    peaks, now = {}, {}
     kinds = ",".join(map(str, DEVICE_MEMORY))
-    for device, size, operation in db.execute(
-            f"SELECT deviceId, bytes, memoryOperationType FROM {MEMORY} WHERE memKind IN ({kinds}) ORDER BY start"):
-        now[device] = now.get(device, 0) + (size if operation == 0 else -size)  # 0 allocation, 1 free
-        peaks[device] = max(peaks.get(device, 0), now[device])
+    events = read_columns(export, "SELECT deviceId AS device, CASE memoryOperationType WHEN 0 THEN bytes ELSE -bytes "
+                          f"END AS change FROM {MEMORY} WHERE memKind IN ({kinds}) AND bytes IS NOT NULL "
+                          "ORDER BY start", {"device": "i8", "change": "i8"})  # 0 allocation, 1 free
+    peaks = {}
+    for device in np.unique(events["device"]).tolist():
+        running = np.cumsum(events["change"][events["device"] == device])
+        peaks[device] = max(0, int(running.max()))
     return peaks or None
 
 
@@ -64,7 +78,8 @@ def gpu_table(trace) -> list[dict] | None:
     processes = trace.processes
     for process in processes:
         epochs = [(r.start, r.end) for r in process.ranges if EPOCH.match(r.name)]
-        for device in np.unique(gpu.device[kernel & (gpu.pid == process.pid)]).tolist():
+        own = gpu.of_pid(process.pid)
+        for device in np.unique(own.device[own.is_kernel()]).tolist():
             spans_of.setdefault(device, []).extend(epochs)
     table = []
     for device, spans in sorted(spans_of.items()):
@@ -72,9 +87,11 @@ def gpu_table(trace) -> list[dict] | None:
         span_ns = length(spans)
         on = kernel & (gpu.device == device)
         busy = overlap(spans, merge_arrays(gpu.start[on], gpu.end[on]))
-        compute = overlap(spans, merge_arrays(gpu.start[on & ~nccl], gpu.end[on & ~nccl]))
-        inside = _inside(gpu.start, spans)
-        nccl_ns = int((gpu.end - gpu.start)[on & nccl & inside].sum())
+        on &= ~nccl
+        compute = overlap(spans, merge_arrays(gpu.start[on], gpu.end[on]))
+        rows = np.flatnonzero(kernel & nccl & (gpu.device == device))
+        rows = rows[_inside(gpu.start[rows], spans)]
+        nccl_ns = int((gpu.end[rows] - gpu.start[rows]).sum())
         table.append({"device": device, "kernel_busy_share": busy / span_ns if span_ns else None,
                       "compute_busy_share": compute / span_ns if span_ns else None,
                       "kernel_busy_s": busy / 1e9, "epochs_s": span_ns / 1e9, "nccl_kernel_s": nccl_ns / 1e9,

@@ -87,8 +87,8 @@ def gpu_stats(activity: GpuColumns, phase_ranges, phases, epochs, training_tid, 
     devices = sorted(set(np.unique(activity.device).tolist()))
     spans = merge((r.start, r.end) for r in epochs)
     capacity = length(spans) * len(devices)
-    busy = {d: merge_arrays(activity.start[activity.device == d], activity.end[activity.device == d])
-            for d in devices}
+    busy = {d: merge_arrays(activity.start, activity.end) if len(devices) == 1 else
+            merge_arrays(activity.start[activity.device == d], activity.end[activity.device == d]) for d in devices}
     idle_ns = capacity - sum(overlap(spans, b) for b in busy.values())
     # The training thread waiting for data, less the copy (`h2d`) nested in it since the loop's
     # `data` phase holds the loader's copy.
@@ -112,17 +112,18 @@ def gpu_stats(activity: GpuColumns, phase_ranges, phases, epochs, training_tid, 
 def _phases(activity: GpuColumns, lookup: PhaseLookup, names: tuple, training_tid, batches,
             pipeline_tids) -> np.ndarray:
     """Per row: the index in names of the phase that launched it, -1 for none (see the module doc)."""
-    phase = np.full(len(activity), -1, dtype=np.int64)
+    phase = np.full(len(activity), -1, dtype=np.int8)
     linked, pipeline_kernel = activity.linked, activity.full_matches(DALI_KERNEL)
-    own = linked & np.isin(activity.tid, list(lookup.by_thread)) & ~pipeline_kernel
+    own = linked & activity.of_threads(lookup.by_thread) & ~pipeline_kernel
     for tid in lookup.by_thread:
-        _assign(phase, own & (activity.tid == tid), lookup, tid, activity.launched, names)
-    pipeline = linked & ~own & (np.isin(activity.tid, list(pipeline_tids)) | pipeline_kernel)
+        _assign(phase, own & activity.of_threads((tid,)), lookup, tid, activity.launched, names)
+    pipeline = linked & ~own & (activity.of_threads(pipeline_tids) | pipeline_kernel)
     spans = merge((b.start, b.end) for b in batches)
     starts, ends = (np.array([s[k] for s in spans], dtype=np.int64) for k in (0, 1))
-    at = np.searchsorted(starts, activity.launched, side="right") - 1
-    in_batch = (at >= 0) & (activity.launched < ends[np.maximum(at, 0)]) if spans else np.zeros(len(at), bool)
-    phase[pipeline & in_batch] = names.index(DATA_GPU)
+    rows = np.flatnonzero(pipeline)  # few: only theirs are looked up
+    at = np.searchsorted(starts, activity.launched[rows], side="right") - 1
+    in_batch = (at >= 0) & (activity.launched[rows] < ends[np.maximum(at, 0)]) if spans else np.zeros(len(at), bool)
+    phase[rows[in_batch]] = names.index(DATA_GPU)
     _assign(phase, linked & ~own & ~pipeline, lookup, training_tid, activity.launched, names)
     return phase
 

@@ -77,14 +77,22 @@ def nesting_parents(ranges) -> list[int]:
 def merge_arrays(starts, ends) -> tuple:
     """merge() of parallel arrays: sorted, disjoint (and never touching) intervals."""
     keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
+    if not keep.all():
+        starts, ends = starts[keep], ends[keep]
+    del keep
     if not len(starts):
         return starts, ends
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
+    if (starts[1:] < starts[:-1]).any():  # sorted already (a process's kernels, say): no copy
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        del order
+    # The running furthest end: at the last interval of a merged group it is the group's end.
     reach = np.maximum.accumulate(ends)
     first = np.flatnonzero(np.r_[True, starts[1:] > reach[:-1]])
-    return starts[first], np.maximum.reduceat(ends, first)
+    last = np.empty_like(first)
+    last[:-1], last[-1] = first[1:], len(reach)
+    last -= 1
+    return starts[first], reach[last]
 
 
 def covered_before(merged: tuple, times) -> np.ndarray:
@@ -93,7 +101,10 @@ def covered_before(merged: tuple, times) -> np.ndarray:
     times = np.asarray(times, dtype=np.int64)
     if not len(starts):
         return np.zeros(len(times), dtype=np.int64)
-    done = np.r_[0, np.cumsum(ends - starts)]
+    done = np.empty(len(starts) + 1, dtype=np.int64)
+    done[0] = 0
+    np.subtract(ends, starts, out=done[1:])
+    np.cumsum(done[1:], out=done[1:])
     i = np.searchsorted(starts, times, side="right")  # intervals starting at or before each time
     last = np.maximum(i - 1, 0)
     partial = np.where(i > 0, np.minimum(times, ends[last]) - starts[last], 0)

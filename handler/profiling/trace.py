@@ -10,7 +10,10 @@ with no end, or (2022.4, seen in its exports) closes it at the capture's end, AN
 `duration`. Such a process keeps the epochs before it and is marked `cut_short` (_cut_short).
 """
 import re
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import count
 from pathlib import Path
@@ -24,7 +27,7 @@ from .devices import Copies, load_copies, load_peaks
 from .gpu_metrics import MetricsSource, find_source
 from .nsys import damaged, export_problem, not_an_export, open_export
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per NVTX range: 70 k of them in a 30-epoch run
 class Range:
     name: str
     start: int  # ns
@@ -78,19 +81,17 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
     """convention: how the ranges are named; None: detected (conventions.detect)."""
     if problem := export_problem(path):
         raise UserError(problem)
-    with open_export(path) as db:  # a damaged page anywhere below: one line naming the file
-        if (check := db.execute("PRAGMA quick_check(1)").fetchone()[0]) != "ok":  # every page, ~10 % of a read
-            raise UserError(damaged(path, check))
+    with open_export(path) as db, _checked(path):  # a damaged page anywhere: one line naming the file
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "NVTX_EVENTS" not in tables:
             raise UserError(not_an_export(path, tables) or f"{path} has no NVTX ranges; profile with --trace "
                             "including nvtx (scripts/launch.sh does) and let the run reach its training loop")
         events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
         capture_end = _capture_end(db, tables)
-        gpu = load_gpu(db, tables, columns)  # None for empty tables: a non-lazy export of a CPU run
+        gpu = load_gpu(db, tables, columns, path)  # None for empty tables: a non-lazy export of a CPU run
         metrics = find_source(path, db, tables)
         names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
-        copies, peaks = load_copies(db, tables, columns), load_peaks(db, tables, columns)
+        copies, peaks = load_copies(db, tables, columns, path), load_peaks(db, tables, columns, path)
     processes, source, given = (), "", convention
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
         processes, source = _processes(events)
@@ -111,6 +112,31 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
                         "name yours with --ranges epoch='Epoch *' step='Batch *' (docs/PROFILING.md)")
     processes = tuple(_cut_short(p, capture_end) for p in processes)
     return Trace(processes, source, gpu, metrics, names, devices, (convention or OURS).name, copies, peaks)
+
+
+@contextmanager
+def _checked(path: Path) -> Iterator[None]:
+    """SQLite's quick_check over every page (about a third of the reads' time), on its own
+    connection in a thread while the block reads the export: sqlite3 lets go of the GIL while it
+    runs. Damage it finds is the one line, also when a read inside the block failed on it."""
+    found: list = []
+
+    def check() -> None:
+        try:
+            with open_export(path) as own:
+                found.append(damaged(path, c) if (c := own.execute("PRAGMA quick_check(1)").fetchone()[0]) != "ok"
+                             else None)
+        except UserError as err:
+            found.append(str(err))
+
+    thread = threading.Thread(target=check, name="quick_check", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+        if found and found[0]:
+            raise UserError(found[0]) from None
 
 
 def columns(db, table: str) -> set[str]:

@@ -45,3 +45,19 @@ def _apply() -> str:
     if mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) and mallopt(M_MMAP_THRESHOLD, KEEP_BYTES):
         return "glibc, trim and mmap thresholds 1 GiB"
     return "glibc defaults (mallopt refused the thresholds)"
+
+
+def give_back_freed_arrays() -> str:
+    """The report's opposite of keep_freed_memory: glibc keeps a freed block below its mmap
+    threshold in the heap and raises the threshold to each large block freed, so the export
+    reader's temporary columns stayed in the process (2 M kernels: peak 391 MB; 343 MB with the
+    threshold fixed, handler/profiling/columns.py). Fixed at 4 MiB, every larger array goes back
+    when freed; smaller chunks still reuse the heap. The environment wins, as above."""
+    configured = sorted(k for k in os.environ if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD"))
+    if configured:
+        return f"as set by {', '.join(configured)}"
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return "platform default (no glibc mallopt)"
+    return "glibc, mmap threshold 4 MiB" if mallopt(M_MMAP_THRESHOLD, 1 << 22) else "glibc defaults (mallopt refused)"
