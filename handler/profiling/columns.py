@@ -145,7 +145,7 @@ def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
     and the keys find each row's launching call."""
     give_back_freed_arrays()  # the temporary columns leave the process when freed
     parts = [t for t in (KERNELS, *TRANSFERS) if t in tables]
-    spans = {t: _rowids(db, t) for t in parts}
+    spans = {t: rowids(db, t) for t in parts}
     most = sum(high - low + 1 for low, high in spans.values())  # rowids: nsys numbers rows 1, 2, ...
     read = {"key": np.empty(most, dtype=np.int64), "start": np.empty(most, dtype=np.int64),
             "end": np.empty(most, dtype=np.int64), "device": np.empty(most, dtype=np.int16),
@@ -189,9 +189,11 @@ def _sorted_keys(keys: np.ndarray, place: np.ndarray):
     return keys[order], place[order]
 
 
-def _rowids(db, table: str) -> tuple[int, int]:
-    """The table's first and last rowid (no count: COUNT(*) reads every page)."""
-    low, high = db.execute(f"SELECT MIN(rowid), MAX(rowid) FROM {table}").fetchone()
+def rowids(db, table: str) -> tuple[int, int]:
+    """The table's first and last rowid (no count: COUNT(*) reads every page). Two queries: SQLite
+    finds a lone MIN or MAX of the rowid at the b-tree's edge, but scans every row for the pair."""
+    low = db.execute(f"SELECT MIN(rowid) FROM {table}").fetchone()[0]
+    high = db.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()[0]
     return (0, -1) if low is None else (low, high)
 
 
@@ -253,7 +255,7 @@ def _link(db, tables, columns, export: Path, wanted: np.ndarray, dest: np.ndarra
     threads: dict[int, int] = {}  # global thread id -> its index, in order of appearance
     sql = (f"SELECT start, COALESCE(globalTid, 0) AS tid, ({PID.format('globalTid')} << 32) | "
            f"(correlationId & {LOW}) AS key FROM {RUNTIME}")
-    for chunk in _chunks(sql, _rowids(db, RUNTIME), "correlationId IS NOT NULL AND "):
+    for chunk in _chunks(sql, rowids(db, RUNTIME), "correlationId IS NOT NULL AND "):
         calls = read_columns(export, chunk, {"start": "i8", "tid": "i8", "key": "i8"})
         at = np.minimum(np.searchsorted(wanted, calls["key"]), n - 1)
         hit = np.flatnonzero((wanted[at] == calls["key"]) & ((calls["key"] & LOW) != LOW))

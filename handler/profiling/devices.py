@@ -16,7 +16,7 @@ import numpy as np
 
 from handler.runtime.names import EPOCH
 
-from .columns import CHUNK
+from .columns import CHUNK, rowids
 from .gpu_metrics_summary import device_means
 from .sql_columns import read_columns
 from .stats import length, merge, merge_arrays, overlap
@@ -38,8 +38,8 @@ def load_copies(db, tables: set, columns, export: Path) -> Copies | None:
     """The memcpy rows as columns (sql_columns), read in chunks of rowids straight into their records."""
     if MEMCPY not in tables or not {"copyKind", "bytes", "deviceId"} <= columns(db, MEMCPY):
         return None
-    low, high = db.execute(f"SELECT MIN(rowid), MAX(rowid) FROM {MEMCPY}").fetchone()  # no COUNT(*): a scan
-    if low is None:
+    low, high = rowids(db, MEMCPY)
+    if high < low:
         return None
     rows, at = np.empty(high - low + 1, dtype=COPY), 0
     for first in range(low, high + 1, CHUNK):

@@ -176,15 +176,33 @@ def export_error(export: Path, err: sqlite3.DatabaseError) -> str:
     """A damaged page (SQLITE_CORRUPT, NOTADB) reads as damaged; a failed read of the disk as that;
     anything else (a missing table or column) as an export this nsys-free reader cannot read."""
     kind = getattr(err, "sqlite_errorname", "")
-    if kind.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
-        return damaged(export, str(err))
+    return _error_line(export, str(err), "damaged" if kind.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) else
+                       "path" if kind.startswith("SQLITE_CANTOPEN") else
+                       "disk" if kind.startswith(("SQLITE_IOERR", "SQLITE_PERM", "SQLITE_READONLY")) else "schema")
+
+
+# SQLite's own words for each kind (sqlite3.c's sqlite3ErrStr), for a reader that gets the message
+# without its code: connectorx's RuntimeError (sql_columns.py)
+WORDS = (("damaged", ("malformed", "not a database", "corrupt")), ("path", ("unable to open",)),
+         ("disk", ("disk I/O error", "access permission denied", "readonly")))
+
+
+def message_error(export: Path, message: str) -> str:
+    """export_error's line from SQLite's message alone."""
+    return _error_line(export, message, next((kind for kind, words in WORDS if any(w in message for w in words)),
+                                             "schema"))
+
+
+def _error_line(export: Path, message: str, kind: str) -> str:
+    if kind == "damaged":
+        return damaged(export, message)
     length = len(os.fsencode(str(export.absolute())))
-    if kind.startswith("SQLITE_CANTOPEN") and length > SQLITE_MAX_PATH:
+    if kind == "path" and length > SQLITE_MAX_PATH:
         return (f"{export} cannot be opened: its path is {length} bytes long, past the {SQLITE_MAX_PATH} SQLite "
                 "opens; move it (or its folder) to a shorter path")
-    if kind.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_READONLY")):
-        return f"{export} cannot be read (SQLite: {err}); check the file, its permissions and its disk"
-    return (f"{export} lacks a table or column that nsys exports hold (SQLite: {err}); pass the .sqlite that "
+    if kind in ("path", "disk"):
+        return f"{export} cannot be read (SQLite: {message}); check the file, its permissions and its disk"
+    return (f"{export} lacks a table or column that nsys exports hold (SQLite: {message}); pass the .sqlite that "
             f"nsys export wrote, unedited, or {again(export)}")
 
 

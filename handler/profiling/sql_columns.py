@@ -17,6 +17,8 @@ import numpy as np
 
 from handler.runtime.errors import UserError
 
+from .nsys import message_error
+
 
 SAFE = re.compile(r"[\w./ -]+")  # a path connectorx's URI takes as it is
 
@@ -39,13 +41,7 @@ def read_columns(export: Path, sql: str, dtypes: dict[str, str]) -> dict[str, np
     """{name: array} for the query's columns, each cast to its dtype in `dtypes` ("i8", "f8").
 
     An empty result gives empty arrays of those dtypes (SQLite gives no type to a column of no rows)."""
-    try:
-        import connectorx  # imported here: the report's start-up (one-line errors, --help) needs none of it
-    except ImportError:  # a laptop venv built from an older requirements-report.txt
-        raise UserError("the report needs connectorx and pyarrow to read exports as columns; "
-                        "pip install -r requirements-report.txt") from None
-    with _uri(export) as uri:
-        table = connectorx.read_sql(uri, sql, return_type="arrow")
+    table = read_arrow(export, sql)
     out = {}
     for name, dtype in dtypes.items():
         column = table.column(name)
@@ -56,11 +52,15 @@ def read_columns(export: Path, sql: str, dtypes: dict[str, str]) -> dict[str, np
 
 
 def read_arrow(export: Path, sql: str):
-    """The query's result as one Arrow table, for a text column Arrow parses in bulk (gpu_metrics_read.py)."""
+    """The query's result as one Arrow table (gpu_metrics_read.py parses a text column of it in bulk).
+    SQLite's complaint (a damaged page, a missing column) is the one line nsys.message_error words."""
     try:
-        import connectorx
-    except ImportError:
+        import connectorx  # imported here: the report's start-up (one-line errors, --help) needs none of it
+    except ImportError:  # a laptop venv built from an older requirements-report.txt
         raise UserError("the report needs connectorx and pyarrow to read exports as columns; "
                         "pip install -r requirements-report.txt") from None
     with _uri(export) as uri:
-        return connectorx.read_sql(uri, sql, return_type="arrow")
+        try:
+            return connectorx.read_sql(uri, sql, return_type="arrow")
+        except RuntimeError as err:  # connectorx gives SQLite's errors as RuntimeError with SQLite's words
+            raise UserError(message_error(export, str(err))) from None

@@ -27,6 +27,7 @@ from tests.nsys_helpers import REPO
 
 DATA = REPO / "tests" / "data" / "nsys"
 GOOD = DATA / "ddp_dali_cpu_nsys2022.4.sqlite"  # our ranges: one complete epoch 0, 4 steps
+REAL_GPU = DATA / "nsysai_mfu_2gpu_after.sqlite"  # a real 2-GPU capture: kernels and runtime calls
 WORKERS = DATA / "ddp_workers2_cpu2_nsys2022.4.sqlite"  # our ranges, 2 ranks, and the machine's tables
 KILLED = DATA / "killed_in_epoch1_nsys2022.4.sqlite"
 
@@ -164,6 +165,17 @@ def test_a_damaged_page_in_a_table_the_report_never_reads_is_found_too(tmp_path)
     """Before: OS runtime calls' page overwritten, the report read on and said nothing."""
     damaged = page_damaged(WORKERS, tmp_path / "ddp_2gpu.sqlite", "OSRT_API")
     with pytest.raises(UserError, match="is truncated or damaged, not a readable nsys SQLite export"):
+        load_trace(damaged)
+
+
+@pytest.mark.parametrize("table", ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"])
+def test_a_damaged_page_in_a_table_the_reads_walk_is_found_by_the_read(tmp_path, table):
+    """The whole-file quick_check doubled the reads' work; the tables the reads walk (sqlite3's NVTX
+    read, connectorx's activity reads) now find their own damage, named in the same line."""
+    source = WORKERS if table == "NVTX_EVENTS" else REAL_GPU
+    damaged = page_damaged(source, tmp_path / "ddp_2gpu.sqlite", table)
+    with pytest.raises(UserError, match=r"is truncated or damaged, not a readable nsys SQLite export \(SQLite: "
+                                        r"database disk image is malformed\)"):
         load_trace(damaged)
 
 
