@@ -158,10 +158,9 @@ def load_gpu(db, tables: set, columns, export: Path) -> GpuColumns | None:
         read = {name: array[:n].copy() for name, array in read.items()}
     keys = read.pop("key")
     pids, at, place = _grouped(keys, read)
-    wanted, dest = _sorted_keys(keys, place)
+    held = list(_sorted_keys(keys, place))
     del keys, place
-    thread, launched, threads = _link(db, tables, columns, export, wanted, dest)
-    del wanted, dest
+    thread, launched, threads = _link(db, tables, columns, export, held)  # frees the keys before its last columns
     return GpuColumns(pids, at, **read, thread=thread, launched=launched, threads=threads,
                       names=_strings(db, tables, read["name"]), full_names=_strings(db, tables, read["full"]))
 
@@ -242,11 +241,14 @@ def _strings(db, tables: set, ids: np.ndarray) -> dict:
     return found
 
 
-def _link(db, tables, columns, export: Path, wanted: np.ndarray, dest: np.ndarray):
+def _link(db, tables, columns, export: Path, held: list):
     """Per row: the thread (an index into the threads returned) and start of the first runtime
     call (by start, then rowid) of the same process with its correlation id; ids repeat across
-    processes, and within one (runtime and driver call). wanted: the rows' keys, sorted; dest: the
-    row of each. The calls are read a chunk at a time, keeping each key's best call so far."""
+    processes, and within one (runtime and driver call). held: [the rows' keys, sorted; the row
+    of each], taken over (emptied) so that the keys go before the result's columns are made.
+    The calls are read a chunk at a time, keeping each key's best call so far."""
+    wanted, dest = held
+    held.clear()
     n = len(wanted)
     if RUNTIME not in tables or not {"correlationId", "globalTid"} <= columns(db, RUNTIME):
         return np.full(n, -1, dtype=np.int32), np.full(n, MISSING, dtype=np.int64), np.array([MISSING])
@@ -274,10 +276,12 @@ def _link(db, tables, columns, export: Path, wanted: np.ndarray, dest: np.ndarra
     of = heads[np.searchsorted(heads, repeats, side="right") - 1]
     best_start[repeats], best[repeats] = best_start[of], best[of]
     best_start[best == -1] = MISSING
+    del wanted, repeats, heads, of
     launched = np.empty(n, dtype=np.int64)
     launched[dest] = best_start
     del best_start
     thread = np.empty(n, dtype=np.int32)
     thread[dest] = best
+    del best, dest
     threads_array = np.array([*threads, MISSING], dtype=np.int64)
     return thread, launched, threads_array
