@@ -63,45 +63,35 @@ def _owner(process, trace) -> Owner:
     return owner(process.rank, gpus, process.ranges, comm)
 
 
-def rank_metrics(trace, process) -> dict | None:
-    """{GPU id: {key: {mean, p95, samples}}} inside the rank's epochs; None without metrics."""
+def _per_gpu(trace, process, value) -> dict | None:
+    """{GPU id: value(sums, pair)} over the rank's GPUs whose value is not empty; None without metrics."""
     sums = placed(trace)
     if sums is None:
         return None
     o = _index(trace, process)
-    return {str(g): _stats(sums, p, "epochs") for p, (oi, g) in enumerate(sums.pairs) if oi == o and _stats(sums, p, "epochs")}
+    return {str(g): found for p, (oi, g) in enumerate(sums.pairs) if oi == o and (found := value(sums, p))}
+
+
+def rank_metrics(trace, process) -> dict | None:
+    """{GPU id: {key: {mean, p95, samples}}} inside the rank's epochs; None without metrics."""
+    return _per_gpu(trace, process, lambda sums, p: _stats(sums, p, "epochs"))
 
 
 def rank_phase_metrics(trace, process) -> dict | None:
     """{GPU id: {region: {key: {mean, p95, samples}}}}: each phase, `other` and `comm`."""
-    sums = placed(trace)
-    if sums is None:
-        return None
-    o = _index(trace, process)
-    out = {}
-    for p, (oi, g) in enumerate(sums.pairs):
-        if oi == o:
-            regions = {r: stats for r in REGIONS[1:] if (stats := _stats(sums, p, r))}
-            if regions:
-                out[str(g)] = regions
-    return out
+    return _per_gpu(trace, process, lambda sums, p: {r: stats for r in REGIONS[1:] if (stats := _stats(sums, p, r))})
 
 
 def rank_pcie_overlap(trace, process) -> dict | None:
     """{GPU id: {tx_busy_samples, both_busy_samples, share, busy_at}}: of the instants inside the epochs
     when PCIe TX was busy, the share when RX was busy too."""
-    sums = placed(trace)
-    if sums is None:
-        return None
-    o = _index(trace, process)
-    out = {}
-    for p, (oi, g) in enumerate(sums.pairs):
-        if oi == o and p in sums.busy_unit:
-            tx, both = int(sums.tx_busy[p]), int(sums.both_busy[p])
-            unit = sums.busy_unit[p]
-            out[str(g)] = {"tx_busy_samples": tx, "both_busy_samples": both, "share": both / tx if tx else None,
-                           "busy_at": f">= {BUSY[unit]:g} {'%' if unit == 'pct' else 'MB/s'}"}
-    return out
+    def overlap(sums, p: int) -> dict | None:
+        if p not in sums.busy_unit:
+            return None
+        tx, both, unit = int(sums.tx_busy[p]), int(sums.both_busy[p]), sums.busy_unit[p]
+        return {"tx_busy_samples": tx, "both_busy_samples": both, "share": both / tx if tx else None,
+                "busy_at": f">= {BUSY[unit]:g} {'%' if unit == 'pct' else 'MB/s'}"}
+    return _per_gpu(trace, process, overlap)
 
 
 def unplaced(trace) -> dict | None:
