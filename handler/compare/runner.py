@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..profiling.lab.metrics_file import metrics_problem
+from ..profiling.record.metrics import Metrics
+from ..profiling.record.parse import parse_metrics, parse_summary
+from ..profiling.record.summary import Summary
+from ..runtime.errors import UserError
 from .cells import Cell
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,11 +36,19 @@ class Outcome:
     status: str  # "ok", "failed", "skipped" or "interrupted"
     exit_code: Optional[int] = None
     error: str = ""
-    metrics: Optional[dict] = None
-    profile: Optional[dict] = None  # handler.profiling.report's summary JSON
+    metrics: Optional[Metrics] = None  # the cell's metrics JSON, parsed (a dict given is parsed here)
+    profile: Optional[Summary] = None  # handler.profiling.report's summary JSON, parsed
     folder: str = ""
     command: str = ""
     wall_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        given: object = self.metrics
+        if isinstance(given, dict):
+            self.metrics = parse_metrics(given, f"cell {self.cell.name}'s metrics")
+        given = self.profile
+        if isinstance(given, dict):
+            self.profile = parse_summary(given, f"cell {self.cell.name}'s summary")
 
 
 @dataclass(frozen=True)
@@ -107,9 +120,17 @@ def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: flo
             raise
     outcome.wall_s = time.perf_counter() - started
     results = Path(env["NSIGHT_LOG_DIR"]) / env["NSIGHT_FILE_NAME"]
-    outcome.metrics = _read_json(results.with_name(results.name + ".metrics.json"))
-    outcome.profile = _read_json(results.with_name(results.name + ".summary.json")) if profile else None
-    if outcome.exit_code == 0 and outcome.metrics and outcome.metrics.get("epochs"):
+    try:
+        metrics = _read_json(results.with_name(results.name + ".metrics.json"))
+        if metrics is not None and (problem := metrics_problem(metrics)):
+            raise UserError(f"its metrics JSON {problem}")
+        outcome.metrics = parse_metrics(metrics, "its metrics JSON") if metrics is not None else None
+        summary = _read_json(results.with_name(results.name + ".summary.json")) if profile else None
+        outcome.profile = parse_summary(summary, "its summary JSON") if summary is not None else None
+    except UserError as err:  # the cell ran, but what it wrote cannot be read: it failed, saying why
+        outcome.metrics = outcome.profile = None
+        outcome.error = str(err)
+    if outcome.exit_code == 0 and outcome.metrics and outcome.metrics.epochs:
         outcome.status = "ok"
     elif not outcome.error:
         outcome.error = last_error_line((folder / "stderr.log").read_text(errors="replace")) \
@@ -143,7 +164,7 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def _read_json(path: Path) -> Optional[dict]:
+def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

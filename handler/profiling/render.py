@@ -3,7 +3,7 @@ from handler.runtime.names import DATA, DATA_GPU, OUTSIDE_TRAINING, PHASES
 
 from .analysis import GPU_PHASES
 from .bubble import markdown_lines
-from .scaling.epochs import line as measured_line, of_summary
+from .scaling.epochs import line as measured_line, of_ranks
 
 NA = "n/a"
 LABELS = {DATA: "data-stall"}  # waiting for the loader is what the data phase measures
@@ -79,7 +79,7 @@ def markdown(summary: dict, title: str) -> str:
     window = summary.get("capture_window") or {}
     outside = ", ".join(f"{o['epoch']}: {num(o['metrics_s'])} s" for o in window.get("outside") or [])
     numbering = ("Epochs count from 0, as NVTX and --profile-epochs do; the console's epoch line shows N+1. "
-                 f"{measured_line(of_summary(summary), 'The measured epoch (what the lab page and the what-if use)')}.")
+                 f"{measured_line(of_ranks(summary['ranks']), 'The measured epoch (what the lab page and the what-if use)')}.")
     lines += _section("Epoch time (s)", f"This report covers {covered(window)}; the others were not captured. "
                       f"Their times from the metrics JSON: {outside}. {numbering}" if outside else numbering,
                       *_epoch_table(ranks))

@@ -9,26 +9,27 @@ the machine (cores, loader workers) is what the summary's `machine` block read, 
 report of 2 or more GPUs measured, else assumed and said so (scaling/links.py).
 docs/PROFILING.md ("What-if") says how and why.
 """
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 from handler.runtime.errors import OneLineParser, UserError, one_line_errors
 
 from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
                             parse_link, payload)
 from .scaling.epochs import could_move, line as epoch_line
-from .scaling.facts import (GRAD_MB, RESNET18_GRAD_MB, gpus_read, gradients, harness_mode, machine_read,
-                            nodes_of, pipeline_of, shape_of)
-from .scaling.scale import PP_MICROBATCHES, Setting, predict
+from .scaling.facts import (GRAD_MB, RESNET18_GRAD_MB, Nodes, gpus_read, gradients, harness_mode, job_split,
+                            machine_read, nodes_of, shape_of)
+from .scaling.links import Payload
+from .scaling.scale import PP_MICROBATCHES, Cell, Setting, predict
 from .scaling.cores import cores_of, says
-from .scaling.step import RESOURCES, Split, split_of
+from .scaling.step import RESOURCES, Split
 
 from .lab.metrics_file import read_json
-from .lab.summary_check import check_summary
 from .nsys import REPORT_SUFFIXES
+from .record.parse import parse_summary
+from .record.summary import Machine, Summary
 
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
 ASSUMPTIONS = (
@@ -62,32 +63,53 @@ def gradient_mb(model: str | None) -> float:
     return GRAD_MB.get(model or "", RESNET18_GRAD_MB)
 
 
-def mode_of(summary: dict, split: Split) -> str:
+class Prediction(TypedDict):
+    """What `predictions` found: the split it started from, the mode, the links, what a step sends, the
+    machine, the cells at every count (and over the alternative links where one was assumed)."""
+    split: Split
+    mode: str
+    harness_mode: str
+    mode_from: str
+    link: Link
+    between: Link | None
+    nodes: Nodes
+    sent: Payload
+    grad_mb: float
+    grad_from: str
+    machine: Machine
+    cells: list[Cell]
+    through_host: list[Cell] | None
+    fast_nodes: list[Cell] | None
+    micro_from: str | None
+    factors: dict[int, float]
+
+
+def mode_of(summary: Summary, split: Split) -> str:
     """The what-if's shape of the run: dp (one process drives every GPU), pp (stages), else ddp."""
     return shape_of(harness_mode(summary, split)[0])
 
 
-def run_mode(summary: dict) -> str | None:
+def run_mode(summary: Summary) -> str | None:
     """The harness's mode a report ran, where its run block, the page's cell or its name says it."""
-    mode, said = harness_mode(summary, split_of(summary)) if summary.get("ranks") else ("ddp", "assumed")
+    mode, said = harness_mode(summary, job_split(summary)[0])
     return None if said.startswith("assumed") else mode
 
 
-def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb: float | None = None,
-                mode: str | None = None, factors: dict | None = None, between: Link | None = None,
-                per_node: int = 0) -> dict:
+def predictions(summary: Summary | dict[str, object], counts: tuple[int, ...] = COUNTS, link: Link | None = None,
+                grad_mb: float | None = None, mode: str | None = None, factors: dict[int, float] | None = None,
+                between: Link | None = None, per_node: int = 0) -> Prediction:
     """{"split", "mode", "link", "between", "sent", "machine", "cells", "through_host"}: the report's own
     count and every count asked for; "through_host": the same cells over THROUGH_HOST_LINK where the
     GPU link was assumed (else None). mode: the caller's (the lab page's row, compare's cell), read
     after the run's own; `between`: the link between nodes (a --link of a job of several nodes, whose
-    nodes held `per_node` GPUs)."""
-    split = split_of(summary)
+    nodes held `per_node` GPUs). A dict is parsed first (record/parse.py)."""
+    summary = parse_summary(summary, "the summary")
+    split, micro_from = job_split(summary)
     gpus_read(split, summary)
     harness, mode_from = harness_mode(summary, split, mode)
-    split, micro_from = pipeline_of(split, summary)
     shape = shape_of(harness)
     grad, grad_from, model = gradients(summary, grad_mb)
-    sent = payload(grad, model, summary.get("comm_config"), split.buckets, harness)
+    sent = payload(grad, model, summary.comm_config, split.buckets, harness)
     nodes = nodes_of(summary, split, per_node)
     own_link = measured(split, summary, sent, "from this report's communication")
     if nodes.nodes > 1 and own_link:  # a job's ring across its nodes is bound by the link between them
@@ -96,11 +118,11 @@ def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb:
     chosen = link or own_link or (P2P_LINK if split.gpu else CPU_LINK)
     spans = any(nodes.at(n) > 1 for n in counts)
     between = between or (NODE_LINK if spans else None)
-    machine = machine_read(summary.get("machine") or {})
+    machine = machine_read(summary.machine)
     own = split.devices if split.gpu else split.processes
     wanted = sorted({own, *counts})
 
-    def cells(over: Link, across: Link | None = between) -> list:
+    def cells(over: Link, across: Link | None = between) -> list[Cell]:
         setting = Setting(shape, over, sent, machine, factors or {}, across, nodes.per_node)
         return [predict(split, n, setting) for n in wanted]
     alternative = cells(THROUGH_HOST_LINK) if split.gpu and chosen.assumed and shape != "pp" else None
@@ -115,16 +137,17 @@ def devices(n: int, gpu: bool) -> str:
     return f"{n} GPU{'s' if n > 1 else ''}" if gpu else f"{n} CPU process{'es' if n > 1 else ''}"
 
 
-def facts(found: dict) -> str:
+def facts(found: Prediction) -> str:
     """What the prediction read and what it assumed, in one sentence."""
     m, link = found["machine"], found["link"]
     rate = "unbounded" if math.isinf(link.gbit) else f"{link.gbit:.3g} Gbit/s"
-    host = f"; the host has {m['host_cores']}" if m.get("host_cores") and m["host_cores"] != m.get("cpu_cores") else ""
-    cores = f"{m['cpu_cores']} CPU cores ({m['cpu_cores_from']}{host})" if m.get("cpu_cores") else \
+    host = f"; the host has {m.cpu_cores}" if m.rank_cores and m.cpu_cores and m.cpu_cores != m.rank_cores else ""
+    said = f"the ranks' cores, {m.rank_cores_from or 'recorded'}" if m.rank_cores else m.cpu_cores_from
+    cores = f"{cores_of(m)} CPU cores ({said}{host})" if cores_of(m) else \
         "CPU cores not recorded (assumed: every loader gets cores of its own)"
-    workers = (f"{m['loader_workers']:g} loader workers per process ({m['loader_workers_from']})"
-               if m.get("loader_workers") is not None else
-               f"loader workers {m.get('loader_workers_from') or 'not recorded'} (assumed: 1 core per loader)")
+    workers = (f"{m.loader_workers:g} loader workers per process ({m.loader_workers_from})"
+               if m.loader_workers is not None else
+               f"loader workers {m.loader_workers_from or 'not recorded'} (assumed: 1 core per loader)")
     split = found["split"]
     held = "" if split.gpu or found["mode"] == "dp" else _cpu_facts(m, found["factors"])
     comm = "no all-reduce (pp)" if found["mode"] == "pp" else f"sends {found['sent'].says} a step ({found['grad_from']})"
@@ -134,18 +157,18 @@ def facts(found: dict) -> str:
                else "") + _microbatches(found))
 
 
-def _microbatches(found: dict) -> str:
+def _microbatches(found: Prediction) -> str:
     pipe = found["split"].pipeline
     if found["mode"] != "pp" or not pipe:
         return ""
-    if pipe.get("microbatches"):
-        return f"; pp: {pipe['microbatches']} micro-batches ({found['micro_from']})"
+    if pipe.microbatches:
+        return f"; pp: {pipe.microbatches} micro-batches ({found['micro_from']})"
     return f"; pp: {PP_MICROBATCHES} micro-batches (not recorded: the harness default assumed)"
 
 
-def _cpu_facts(m: dict, factors: dict) -> str:
+def _cpu_facts(m: Machine, factors: dict[int, float]) -> str:
     """Where a CPU run's compute at other counts came from (scale.cpu_compute's order)."""
-    if m.get("loader_cpu_ms") is not None and cores_of(m):
+    if m.loader_cpu_ms is not None and cores_of(m):
         measured = (f"; the compute at {', '.join(f'{n}: x{f:.2f}' for n, f in sorted(factors.items()))} of that "
                     "share, the threads' efficiency other reports here measured (their own loaders taken out)"
                     if factors else "; no other report here measured the threads' efficiency at other counts: "
@@ -157,7 +180,7 @@ def _cpu_facts(m: dict, factors: dict) -> str:
     return f"; CPU compute held at other counts (no other report of this machine measured them; {says(m)})"
 
 
-def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
+def markdown(found: Prediction, title: str, measured_s: dict[int, float] | None = None) -> list[str]:
     """A table of the predicted cells (beside `measured_s`: count -> epoch s, where known); below it
     the base's measured epoch (scaling/epochs.py) and, where it is noisy, how far each cell could move."""
     split = found["split"]
@@ -196,7 +219,7 @@ def bounds_legend() -> list[str]:
     return [f"- **{name}**: {what}" for name, what in RESOURCES.items()]
 
 
-def parse_counts(text: str) -> tuple:
+def parse_counts(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(int(c) for c in text.split(","))
     except ValueError:
@@ -213,9 +236,9 @@ def link_argument(text: str) -> tuple[Link, int]:
     if not text.endswith(".json"):
         return parse_link(text), 0
     other = load_summary(Path(text))
-    split = split_of(other)
+    split = job_split(other)[0]
     grad, _, model = gradients(other)
-    found = measured(split, other, payload(grad, model, other.get("comm_config"), split.buckets, run_mode(other)),
+    found = measured(split, other, payload(grad, model, other.comm_config, split.buckets, run_mode(other)),
                      f"from {Path(text).name}'s communication")
     if not found:
         raise UserError(f"--link {text}: that report ran one process or recorded no communication, so it measures "
@@ -224,15 +247,15 @@ def link_argument(text: str) -> tuple[Link, int]:
     return found, nodes.per_node if nodes.nodes > 1 else 0
 
 
-def load_summary(path: Path) -> dict:
+def load_summary(path: Path) -> Summary:
     data = _summary_json(path)
     if isinstance(data, dict) and {"config", "epochs"} <= data.keys() and "ranks" not in data:
         raise UserError(f"{path} is the run's metrics JSON (train_cifar.py --metrics), not a profile summary; "
                         f"{SUMMARISE} on the run's report and pass the .summary.json it writes")
-    summary = check_summary(data, str(path))
-    cut = summary.get("incomplete")
-    if cut and not cut["complete_epochs"]:
-        raise UserError(f"{path}: {cut.get('line') or 'the run ended before its first epoch did'}: nothing to predict "
+    summary = parse_summary(data, str(path))
+    cut = summary.incomplete
+    if cut and not cut.complete_epochs:
+        raise UserError(f"{path}: {cut.line or 'the run ended before its first epoch did'}: nothing to predict "
                         "from; profile a run that finishes at least one epoch")
     return summary
 
@@ -240,7 +263,7 @@ def load_summary(path: Path) -> dict:
 SUMMARISE = "run python -m handler.profiling.report"
 
 
-def _summary_json(path: Path):
+def _summary_json(path: Path) -> object:
     """The summary file's JSON; UserError saying what the path is instead."""
     fix = "pass a .summary.json written by python -m handler.profiling.report"
     if path.is_dir():
@@ -255,7 +278,7 @@ def _summary_json(path: Path):
     return read_json(path, str(path), fix)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m handler.profiling.whatif", description=(__doc__ or "").split("\n")[0])
     p.add_argument("summary", type=Path, help="a .summary.json from python -m handler.profiling.report")
     p.add_argument("--gpus", default=",".join(map(str, COUNTS)), help="counts to predict (default 1,2,4,8)")

@@ -8,7 +8,14 @@ more than NOISY_SHARE of that median, the base is named noisy, and how far a pre
 it could move is said beside it (`could_move`) instead of one number printed as if it were sure.
 """
 from statistics import median
+from typing import Any
+
 from handler.runtime.names import EPOCH
+
+from ..record.metrics import Metrics
+from ..record.summary import Summary
+
+Measured = dict[str, Any]  # {"s", "epochs", "spread", "noisy", "rule", "fastest_s", "slowest_s"}
 
 NOISY_SHARE = 0.10  # (slowest - fastest) / median of the epochs used, above which a measured epoch is noisy
 RULE = ("The measured epoch is the median of the complete epochs after the first (the first, the warm-up, is left "
@@ -16,7 +23,7 @@ RULE = ("The measured epoch is the median of the complete epochs after the first
         f"{NOISY_SHARE * 100:.0f} % the epoch is named noisy (handler/profiling/scaling/epochs.py).")
 
 
-def of_times(times: list[tuple[int, float]]) -> dict:
+def of_times(times: list[tuple[int, float]]) -> Measured:
     """The measured epoch of (epoch number, seconds) pairs, complete epochs only: {"s", "epochs",
     "spread", "noisy", "rule", "fastest_s", "slowest_s"}; "s" is None without an epoch."""
     timed = sorted((e, s) for e, s in times if s and s > 0)
@@ -28,35 +35,41 @@ def of_times(times: list[tuple[int, float]]) -> dict:
             "rule": RULE, "fastest_s": min(seconds) if seconds else None, "slowest_s": max(seconds) if seconds else None}
 
 
-def of_ranks(ranks: list[dict]) -> dict:
-    """The measured epoch of a summary's ranks: each epoch as long as its slowest rank (the ranks step
-    together), over the epochs every rank with epochs completed."""
-    timed = [{e.get("epoch", i): e.get("time_s") or 0.0 for i, e in enumerate(r.get("epochs") or ())} for r in ranks]
-    timed = [t for t in timed if t]
+def of_ranks(ranks: list[dict[str, Any]]) -> Measured:
+    """The measured epoch of the ranks the report is writing (analysis.py, report.py)."""
+    return of_epochs([[(e.get("epoch", i), e.get("time_s") or 0.0) for i, e in enumerate(r.get("epochs") or ())]
+                      for r in ranks])
+
+
+def of_epochs(ranks: list[list[tuple[int, float]]]) -> Measured:
+    """The measured epoch of each rank's (epoch, seconds): each epoch as long as its slowest rank (the ranks
+    step together), over the epochs every rank with epochs completed."""
+    timed = [dict(r) for r in ranks if r]
     common = set.intersection(*(set(t) for t in timed)) if timed else set()
     return of_times([(e, max(t[e] for t in timed)) for e in common])
 
 
-def of_summary(summary: dict) -> dict:
+def of_summary(summary: Summary) -> Measured:
     """A summary's measured epoch, from its ranks' epochs (what analysis.py wrote as `measured_epoch`,
     the same way, so an older summary without the field, or a merged job's, gets it too); the
     written field alone where no rank lists its epochs."""
-    found = of_ranks(summary.get("ranks") or [])
-    written = summary.get("measured_epoch")
-    if found["s"] is None and isinstance(written, dict) and written.get("s"):
-        return {**found, **written, "fastest_s": written["s"], "slowest_s": written["s"]}
+    found = of_epochs([[(e.epoch, e.time_s) for e in r.epochs] for r in summary.ranks])
+    written = summary.measured_epoch
+    if found["s"] is None and written is not None and written.s:
+        return {**found, "s": written.s, "epochs": list(written.epochs), "spread": written.spread,
+                "noisy": written.noisy, "rule": written.rule or RULE, "fastest_s": written.s, "slowest_s": written.s}
     return found
 
 
-def contract(found: dict) -> dict:
+def contract(found: Measured) -> Measured:
     """The summary's `measured_epoch` field (docs/summary.schema.json): s, epochs, spread, noisy, rule."""
     return {k: found[k] for k in ("s", "epochs", "spread", "noisy", "rule")}
 
 
-def of_metrics(metrics: dict | None) -> dict:
+def of_metrics(metrics: Metrics | None) -> Measured:
     """The measured epoch of a metrics JSON's epoch timer (epochs[].time_s, rank 0's clock)."""
-    return of_times([(e.get("epoch", i), e.get("time_s") or 0.0)
-                     for i, e in enumerate((metrics or {}).get("epochs") or ())])
+    return of_times([(i if e.epoch is None else e.epoch, e.time_s or 0.0)
+                     for i, e in enumerate(metrics.epochs if metrics else ())])
 
 
 def epochs_text(epochs: list[int]) -> str:
@@ -70,14 +83,14 @@ def epochs_text(epochs: list[int]) -> str:
     return "epochs " + ", ".join(map(str, epochs))
 
 
-def short(found: dict) -> str:
+def short(found: Measured) -> str:
     """What a table cell says beside the time: "epochs 1-3, spread 2 %", "..., NOISY"."""
     if found.get("s") is None:
         return "no complete epoch"
     return f"{epochs_text(found['epochs'])}, spread {found['spread'] * 100:.0f} %" + (", NOISY" if found["noisy"] else "")
 
 
-def could_move(found: dict, predicted_s: float) -> tuple[float, float]:
+def could_move(found: Measured, predicted_s: float) -> tuple[float, float]:
     """How far a prediction made from this measured epoch could move: scaled by the fastest and the
     slowest epoch used over their median."""
     s = found.get("s")
@@ -86,7 +99,7 @@ def could_move(found: dict, predicted_s: float) -> tuple[float, float]:
     return predicted_s * (found.get("fastest_s") or s) / s, predicted_s * (found.get("slowest_s") or s) / s
 
 
-def line(found: dict, name: str = "the measured epoch") -> str:
+def line(found: Measured, name: str = "the measured epoch") -> str:
     """One sentence: the time, the epochs used, their spread and, when noisy, that it is."""
     if found.get("s") is None:
         return f"{name}: none (no complete epoch)"

@@ -30,13 +30,23 @@ def run_block(summary: dict, metrics: dict | None = None, report=None) -> dict:
         per_node[g.get("host")] = per_node.get(g.get("host"), 0) + 1
     stages = [r["pipeline"] for r in ranks if r.get("pipeline")]
     micro, pp_from = _microbatches(config, stages)
-    recorded = env.get("nodes")
-    nodes = recorded if isinstance(recorded, int) and recorded >= len(hosts) else len(hosts)
+    nodes, processes, nodes_from = _job(env, config, len(hosts), len(ranks))
     return {"mode": mode, "mode_from": mode_from,
             "model": model, "model_from": "metrics config.model" if model else f"{UNKNOWN}: no metrics JSON with config.model",
             "grad_mb": grad, "grad_mb_from": grad_from,
-            "nodes": max(1, nodes), "gpus_per_node": max(per_node.values(), default=0), "processes": len(ranks),
-            "pp_stages": len(stages) or None, "pp_microbatches": micro, "pp_from": pp_from}
+            "nodes": nodes, "gpus_per_node": max(per_node.values(), default=0), "processes": processes,
+            "nodes_from": nodes_from, "pp_stages": len(stages) or None, "pp_microbatches": micro, "pp_from": pp_from}
+
+
+def _job(env: dict, config: dict, hosts: int, ranks: int) -> tuple[int, int, str]:
+    """(nodes, processes, where from): the report's hosts and ranks, or the metrics' env.nodes and world
+    size where they say more (one node's report of a job of several: the job's, not the node's)."""
+    nodes, world = env.get("nodes") or 0, env.get("world_size") or config.get("world_size") or 0
+    if nodes <= hosts and world <= ranks:
+        return max(1, hosts), ranks, "report: the ranks' hosts"
+    return (max(1, hosts, nodes), max(ranks, world),
+            f"metrics env.nodes {nodes or hosts} and world size {world or ranks}: this report holds {ranks} of the "
+            f"job's ranks on {hosts} host{'s' * (hosts != 1)}")
 
 
 def _mode(config: dict, ranks: list, gpus: list, report) -> tuple[str | None, str]:
@@ -69,7 +79,6 @@ def _microbatches(config: dict, stages: list[dict]) -> tuple[int | None, str | N
         return None, None
     if isinstance(config.get("microbatches"), int) and config["microbatches"] >= 1:
         return config["microbatches"], "metrics config.microbatches; stages: the report's pp ranges"
-    theory, w = stages[0].get("theoretical_bubble_share"), len(stages)
-    if not theory:  # one stage has no bubble to read M from
-        return None, "not read: the report's one pp stage has no bubble to count its micro-batches from"
-    return max(1, round((w - 1) * (1 - theory) / theory)), "report: the stages and micro-batches of its `fwd mb{j}` ranges"
+    if stages[0].get("microbatches"):  # bubble.py counts them at any stage count, one included
+        return stages[0]["microbatches"], "report: the stages and micro-batches of its `fwd mb{j}` ranges"
+    return None, "not read: the report's pp stages counted no micro-batch"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from handler.runtime.names import EPOCH
 
+from ..record.metrics import Metrics
 from .cores import cpu_time_of
 
 DATA_WORKER, DALI_THREAD = "pt_data_worker", "[DALI]"
@@ -82,7 +83,7 @@ def _inside(start: int, end: int, windows: list) -> int:
 def cpu_time_for(export: Path | None, ranks: list[dict], metrics: dict | None) -> dict:
     """The machine block's CPU time: the run's metrics where it recorded them, else the report's
     scheduling events, else `not recorded` (cores.py says on the page what is then assumed)."""
-    recorded = cpu_time_of(metrics)
+    recorded = cpu_time_of(Metrics.model_validate(metrics) if metrics else None)  # validated at its read (record/)
     if recorded["loader_cpu_ms"] is not None:
         return recorded
     return report_cpu_time(export, ranks) or {**recorded, "cpu_time_from": recorded["cpu_time_from"] + (
