@@ -81,8 +81,9 @@ class LabRow(TypedDict):
 
 def verdict(summary: Summary | dict[str, object]) -> dict[str, Any]:
     """The bound of one epoch and one line for a report, from its slowest rank (BOUND_RULE says how)."""
+    summary = parse_summary(summary, "the summary")
     try:
-        split = job_split(parse_summary(summary, "the summary"))[0]
+        split = job_split(summary)[0]
     except UserError as err:
         return {"bound_s": None, "bound": None, "line": f"no bound: {err}"}
     terms = own_terms(split)
@@ -211,10 +212,11 @@ def _row(entry: dict[str, Any], exports: Path, convention: Any) -> tuple[LabRow,
 RANK_FIELDS = {"rank", "epochs", "loop", "setup", "setup_libraries", "nccl_ranges", "comm", "pipeline"}
 
 
-def summary_row(summary: Summary, entry: dict[str, Any], metrics: Metrics | None) -> LabRow:
-    """A report's row of the page from its parsed summary: {"report", "mode", "gpus", "model"} of `entry` and
-    the run's metrics. handler.compare builds its rows here too (from each cell's summary JSON), so both
-    pages measure and predict a cell alike (whatif_folder.folder_predictions)."""
+def summary_row(summary: Summary | dict[str, object], entry: dict[str, Any], metrics: Metrics | None = None) -> LabRow:
+    """A report's row of the page from its parsed summary (a dict is parsed first): {"report", "mode", "gpus",
+    "model"} of `entry` and the run's metrics. handler.compare builds its rows here too (from each cell's
+    summary JSON), so both pages measure and predict a cell alike (whatif_folder.folder_predictions)."""
+    summary = parse_summary(summary, str(entry["report"]))
     ran_gpus, processes = len(summary.gpus or ()), len(summary.ranks)
     gpus = entry["gpus"] or ran_gpus or processes
     unit = "GPU" if ran_gpus else "CPU process"

@@ -109,7 +109,7 @@ def _folder_link(rows: "list[LabRow]", splits: dict[str, dict[int, Split]]) -> L
 
 
 def _factors(mode: str, base: "LabRow", splits: dict[str, dict[int, Split]],
-             machines: dict[str, dict[int, Machine]]) -> dict[int, float]:
+             machines: dict[str, dict[int, Machine]] | None = None) -> dict[int, float]:
     """A CPU run's compute at other counts, from the other modes of rank-per-process (not dp, not pp):
     where the run recorded its CPU time, the threads' efficiency their reports measured beside the
     cores model (cores.efficiency, each mode's own loaders taken out); else their compute's ratio
@@ -118,6 +118,7 @@ def _factors(mode: str, base: "LabRow", splits: dict[str, dict[int, Split]],
         return {}
     others = {m: by for m, by in splits.items() if m != mode and _name(m) not in ("dp", "pp")
               and all(not s.gpu for s in by.values())}
+    machines = machines or {}
     own = machines.get(mode, {}).get(base["gpus"], Machine())
     if cpu_work(splits[mode][base["gpus"]], base["gpus"], own) is not None:
         return efficiency({m: {n: (s, machines.get(m, {}).get(n, Machine())) for n, s in by.items()}

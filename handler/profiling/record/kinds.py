@@ -3,7 +3,7 @@ names it by (record/parse.py). Every number is finite (Python's json reads NaN a
 typed strictly: no string stands for a number, no true for a count."""
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class Record(BaseModel):
@@ -13,15 +13,21 @@ class Record(BaseModel):
                               frozen=True)
 
 
+def _whole(value: object) -> object:
+    """A whole number written as a float (5.0, as JSON Schema's `integer` takes it) is that number."""
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 1e15 else value
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
 Time = Annotated[float, Field(ge=-1e-9, le=1e7, title="a time >= 0 (seconds, at most 1e7)")]
 TimeOrNull = Annotated[Annotated[float, Field(ge=-1e-9, le=1e7)] | None,
                        Field(title="a time >= 0 or null (seconds, at most 1e7)")]
 MsOrNull = Annotated[Annotated[float, Field(ge=-1e-9, le=1e10)] | None,
                      Field(title="a time >= 0 or null (ms, at most 1e10)")]
-Count = Annotated[int, Field(ge=0, le=10**12, title="a whole number >= 0")]
-CountOrNull = Annotated[Annotated[int, Field(ge=0, le=10**12)] | None, Field(title="a whole number >= 0 or null")]
-Positive = Annotated[int, Field(ge=1, le=10**6, title="a whole number from 1 to 1e6")]
-PositiveOrNull = Annotated[Annotated[int, Field(ge=1, le=10**6)] | None,
+Count = Annotated[Whole, Field(ge=0, le=10**12, title="a whole number >= 0")]
+CountOrNull = Annotated[Annotated[Whole, Field(ge=0, le=10**12)] | None, Field(title="a whole number >= 0 or null")]
+Positive = Annotated[Whole, Field(ge=1, le=10**6, title="a whole number from 1 to 1e6")]
+PositiveOrNull = Annotated[Annotated[Whole, Field(ge=1, le=10**6)] | None,
                            Field(title="a whole number from 1 to 1e6, or null")]
 Share = Annotated[float, Field(ge=0, le=1e6, title="a share >= 0")]
 ShareOrNull = Annotated[Annotated[float, Field(ge=0, le=1e6)] | None, Field(title="a share >= 0 or null")]

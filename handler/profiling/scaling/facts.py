@@ -107,7 +107,8 @@ def nodes_of(summary: Summary, split: Split, per_node: int = 0) -> Nodes:
     devices = split.devices if split.gpu else split.processes
     if nodes > 1 and run:
         per = run.gpus_per_node if split.gpu else 0
-        return Nodes(nodes, per or -(-devices // nodes), f"run.nodes ({run.nodes_from})")
+        said = "" if run.nodes_from.startswith("report") else f": {run.nodes_from}"
+        return Nodes(nodes, per or -(-devices // nodes), f"run.nodes{said}")
     if per_node:
         return Nodes(1, per_node, "as many GPUs per node as the --link job's nodes held")
     return Nodes(1, 0, "run.nodes" if run else "one node (the run recorded no nodes)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from handler.runtime.errors import UserError
 from handler.runtime.names import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER
 
+from ..record.parse import parse_summary
 from ..record.summary import Comm, Rank, Summary
 from .epochs import Measured, of_summary
 
@@ -60,8 +61,9 @@ class Split:
     measured: Measured | None = None  # the measured epoch the step is from (epochs.of_summary); None: the mean
 
 
-def split_of(summary: Summary) -> Split:
-    """UserError when no rank has a complete epoch with steps in it."""
+def split_of(summary: Summary | dict[str, object]) -> Split:
+    """UserError when no rank has a complete epoch with steps in it. A dict is parsed first (record/)."""
+    summary = parse_summary(summary, "the summary")
     usable = [r for r in summary.ranks if r.loop.epochs and r.loop.steps and r.loop.epochs_s]
     if not usable:
         raise UserError("the report has no complete epoch with training steps (a run stopped inside its first "

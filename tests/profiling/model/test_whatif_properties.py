@@ -15,7 +15,8 @@ from handler.compare.predict import add_predictions
 from handler.compare.results import build_rows
 from handler.profiling import whatif
 from handler.profiling.lab import whatif_folder
-from handler.profiling.lab.page import verdict
+from handler.profiling.lab.page import summary_row, verdict
+from handler.profiling.record.parse import parse_summary
 from handler.profiling.lab.summary_check import check_summary
 from handler.profiling.scaling.links import Link
 from handler.profiling.scaling.step import split_of
@@ -169,10 +170,8 @@ def test_a_round_trip_m_to_n_and_back_returns_the_measured_step_within_one_perce
 
 def lab_row(summary, mode) -> dict:
     split = split_of(summary)
-    return {"mode": mode, "gpus": own_count({"split": split}), "epoch_s": summary["overall"]["epoch_mean_s"],
-            "ranks": summary["ranks"], "gpu_table": summary["gpus"], "report": summary["report"],
-            "processes": split.processes, "gpus_ran": len(summary["gpus"]), "machine": summary.get("machine"),
-            "model": summary.get("model"), "comm_config": None, "run": summary.get("run")}
+    entry = {"report": summary["report"], "mode": mode, "gpus": own_count({"split": split}), "model": summary.get("model")}
+    return summary_row(parse_summary(summary, "generated"), entry, None)
 
 
 @SPARSE
