@@ -18,17 +18,18 @@ def _whole(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 1e15 else value
 
 
-Whole = Annotated[int, BeforeValidator(_whole)]
+WHOLE = BeforeValidator(_whole)  # after the range, so that the schema keeps it
 Time = Annotated[float, Field(ge=-1e-9, le=1e7, title="a time >= 0 (seconds, at most 1e7)")]
 TimeOrNull = Annotated[Annotated[float, Field(ge=-1e-9, le=1e7)] | None,
                        Field(title="a time >= 0 or null (seconds, at most 1e7)")]
 MsOrNull = Annotated[Annotated[float, Field(ge=-1e-9, le=1e10)] | None,
                      Field(title="a time >= 0 or null (ms, at most 1e10)")]
-Count = Annotated[Whole, Field(ge=0, le=10**12, title="a whole number >= 0")]
-CountOrNull = Annotated[Annotated[Whole, Field(ge=0, le=10**12)] | None, Field(title="a whole number >= 0 or null")]
-Positive = Annotated[Whole, Field(ge=1, le=10**6, title="a whole number from 1 to 1e6")]
-PositiveOrNull = Annotated[Annotated[Whole, Field(ge=1, le=10**6)] | None,
+Count = Annotated[int, Field(ge=0, le=10**12, title="a whole number >= 0"), WHOLE]
+CountOrNull = Annotated[Annotated[int, Field(ge=0, le=10**12), WHOLE] | None, Field(title="a whole number >= 0 or null")]
+Positive = Annotated[int, Field(ge=1, le=10**6, title="a whole number from 1 to 1e6"), WHOLE]
+PositiveOrNull = Annotated[Annotated[int, Field(ge=1, le=10**6), WHOLE] | None,
                            Field(title="a whole number from 1 to 1e6, or null")]
+Devices = Annotated[int, Field(ge=0, le=10**6, title="a whole number from 0 to 1e6"), WHOLE]
 Share = Annotated[float, Field(ge=0, le=1e6, title="a share >= 0")]
 ShareOrNull = Annotated[Annotated[float, Field(ge=0, le=1e6)] | None, Field(title="a share >= 0 or null")]
 BusyShareOrNull = Annotated[Annotated[float, Field(ge=0, le=1)] | None, Field(title="a share from 0 to 1, or null")]
@@ -36,7 +37,7 @@ BubbleOrNull = Annotated[Annotated[float, Field(ge=0, lt=1)] | None,
                          Field(title="a share from 0 to below 1, or null")]
 SizeOrNull = Annotated[Annotated[float, Field(gt=0, le=1e7)] | None,
                        Field(title="a size in MB > 0 (up to 1e7), or null")]
-Workers = Annotated[Annotated[int | float, Field(ge=0, le=4096)] | None,
+Workers = Annotated[Annotated[float, Field(ge=0, le=4096)] | None,
                     Field(title="a number of workers from 0 to 4096, or null")]
 EpochOrNull = Annotated[Annotated[float, Field(gt=0, le=1e7)] | None, Field(title="a time in seconds > 0, or null")]
 Number = Annotated[float, Field(ge=0, title="a number >= 0")]

@@ -2,10 +2,12 @@
 it, with its kind and range, so an odd one is named as the metrics' own, with its path, when the
 summary is written (record/parse.py), never carried into a summary that breaks its own contract.
 Every field may be missing (a run older than it); the ones the report does not read are kept free."""
+from typing import Annotated
+
 from pydantic import Field
 
 from .kinds import (Count, CountOrNull, Number, NumberOrNull, PositiveOrNull, Record, SizeOrNull, Text,
-                    TextOrNull, Time, TimeOrNull, Workers)
+                    TextOrNull, Time, TimeOrNull)
 
 Rate = NumberOrNull
 
@@ -14,8 +16,9 @@ class Config(Record):
     """Every resolved option of the run; the ones a summary reads."""
     mode: TextOrNull = None
     model: TextOrNull = None
-    workers: Workers = None
-    """Loader workers per process."""
+    workers: Annotated[Annotated[int, Field(ge=0, le=4096)] | Annotated[float, Field(ge=0, le=4096)] | None,
+                       Field(title="a number of workers from 0 to 4096, or null")] = None
+    """Loader workers per process (a whole number stays one: compare's recipe prints it)."""
     num_gpu: CountOrNull = None
     world_size: PositiveOrNull = None
     microbatches: PositiveOrNull = None

@@ -5,7 +5,7 @@ report writes through these models too, so docs/summary.schema.json, generated f
 needs is declared here first; fields not declared are kept as written and read by no reader."""
 from pydantic import Field
 
-from .kinds import (AnyNumberOrNull, BubbleOrNull, BusyShareOrNull, Count, CountOrNull, ModeOrNull, MsOrNull,
+from .kinds import (AnyNumberOrNull, BubbleOrNull, BusyShareOrNull, Count, CountOrNull, Devices, ModeOrNull, MsOrNull,
                     EpochOrNull, Number, NumberOrNull, Positive, PositiveOrNull, Record, Share, ShareOrNull, SizeOrNull, Text,
                     TextOrNull, Time, TimeOrNull, Workers)
 
@@ -180,7 +180,7 @@ class Run(Record):
     nodes: Positive
     """The job's nodes: distinct hosts of its ranks, the metrics' env.nodes where more (one node's report of a
     bigger job)."""
-    gpus_per_node: Count = Field(le=10**6)
+    gpus_per_node: Devices
     """GPUs that ran kernels, the most on any node; 0: no GPU ran."""
     processes: Positive
     """The ranks of the job (the metrics' world size where this report holds fewer: one node's of a job)."""
