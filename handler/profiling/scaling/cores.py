@@ -21,6 +21,7 @@ A GPU run's loaders: each rank's main thread launches and needs a core of its ow
 loaders' workers get the cores the ranks leave (C - n), at most a core per worker, and never
 fewer than at fewer ranks; a loader without workers runs in the rank's thread (a core per rank).
 """
+import math
 from statistics import median
 from typing import Any
 
@@ -60,8 +61,11 @@ def gpu_loader_cores(processes: int, machine: Machine) -> float:
     per = workers if workers is not None else 1.0
     if not cores:
         return processes * per
-    # never fewer than at fewer ranks: the loaders' wait stops shrinking past the host's cores
-    return max(1.0, *(min(m * per, cores - m) for m in range(1, processes + 1)))
+    # never fewer than at fewer ranks: the loaders' wait stops shrinking past the host's cores. The most
+    # over m <= processes of min(m * per, cores - m), a concave function, is where its two lines cross.
+    cross = cores / (per + 1)
+    near = {1, processes, *(min(processes, max(1, m)) for m in (math.floor(cross), math.ceil(cross)))}
+    return max(1.0, *(min(m * per, cores - m) for m in near))
 
 
 def threads_at(n: int, own: int, machine: Machine) -> int:

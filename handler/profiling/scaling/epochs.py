@@ -78,7 +78,7 @@ def epochs_text(epochs: list[int]) -> str:
         return "no epoch"
     if len(epochs) == 1:
         return EPOCH(epochs[0])
-    if epochs == list(range(epochs[0], epochs[-1] + 1)):
+    if epochs[-1] - epochs[0] == len(epochs) - 1 and epochs == sorted(set(epochs)):  # no range built: 1e12 is a count
         return f"epochs {epochs[0]}-{epochs[-1]}"
     return "epochs " + ", ".join(map(str, epochs))
 

@@ -142,7 +142,7 @@ def job_split(summary: Summary) -> tuple[Split, str | None]:
     split, micro_from = pipeline_of(split_of(summary), summary.run)
     run = summary.run
     if run and run.processes > split.processes:
-        devices = max(split.devices, run.nodes * run.gpus_per_node) if split.gpu else run.processes
+        devices = max(split.devices, run.processes) if split.gpu else run.processes  # a rank per GPU past one node
         split = dataclasses.replace(split, processes=run.processes, devices=devices)
     return split, micro_from
 

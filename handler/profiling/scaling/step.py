@@ -64,7 +64,7 @@ class Split:
 def split_of(summary: Summary | dict[str, object]) -> Split:
     """UserError when no rank has a complete epoch with steps in it. A dict is parsed first (record/)."""
     summary = parse_summary(summary, "the summary")
-    usable = [r for r in summary.ranks if r.loop.epochs and r.loop.steps and r.loop.epochs_s]
+    usable = [r for r in summary.ranks if r.loop.epochs and r.loop.steps and r.loop.epochs_s > 0]
     if not usable:
         raise UserError("the report has no complete epoch with training steps (a run stopped inside its first "
                         "epoch never closes the epoch's range); profile a run that finishes at least one epoch")
@@ -72,12 +72,13 @@ def split_of(summary: Summary | dict[str, object]) -> Split:
     loop = rank.loop
     steps, epochs = loop.steps, loop.epochs
     step = loop.epochs_s / steps
-    phase = {k: (v or 0.0) / 1e3 for k, v in loop.phase_ms.items()}
-    inside = min(step, (loop.inside_steps_ms or 0.0) / 1e3)
+    # a time the records take 1e-9 below 0 (float rounding: an epoch less its steps) is none
+    phase = {k: max(0.0, v or 0.0) / 1e3 for k, v in loop.phase_ms.items()}
+    inside = min(step, max(0.0, loop.inside_steps_ms or 0.0) / 1e3)
     fetch = min(inside, phase.get(DATA, 0.0) + phase.get(H2D, 0.0))
     comm_stats = rank.comm or Comm()
     comm = comm_stats.seconds / steps if comm_stats.seconds else None
-    exposed = min(inside - fetch, (comm_stats.exposed_s or 0.0) / steps)
+    exposed = min(inside - fetch, max(0.0, comm_stats.exposed_s or 0.0) / steps)
     wait, host = step - inside + fetch, inside - fetch - exposed
     gpus = summary.gpus or []
     shares = [(g.kernel_busy_share if g.compute_busy_share is None else g.compute_busy_share, g.epochs_s) for g in gpus]
