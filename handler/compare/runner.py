@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -60,7 +61,7 @@ class Layout:
     stamp: str = ""
     dataset: str = "dataset"
 
-    def place(self, cell: Cell, folder: Path) -> dict:
+    def place(self, cell: Cell, folder: Path) -> dict[str, str]:
         if not self.stamp:
             return {"NSIGHT_LOG_DIR": str(folder), "NSIGHT_FILE_NAME": cell.slug, "CKPT_DIR": str(folder / "ckpt")}
         run = f"{cell.variant.label}_{self.stamp}"
@@ -76,18 +77,18 @@ class Layout:
 
 
 def cell_environment(cell: Cell, folder: Path, profile: bool, gpu_metrics: bool = False, *,
-                     layout: Layout = Layout()) -> dict:
+                     layout: Layout = Layout()) -> dict[str, str]:
     return {"MODE": cell.variant.mode, "NUM_GPUS": str(cell.count), "PROFILE": "1" if profile else "0",
             "GPU_METRICS": "1" if gpu_metrics else "0", **layout.place(cell, folder),
             "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
 
 
-def cell_command(cell: Cell, train_args) -> list:
+def cell_command(cell: Cell, train_args: Sequence[str]) -> list[str]:
     # --no-progress first, so a cell's log is lines, not progress-bar redraws.
     return ["bash", str(LAUNCH), "--no-progress", *train_args, *cell.variant.args]
 
 
-def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args, gpu_metrics: bool = False) -> str:
+def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args: Sequence[str], gpu_metrics: bool = False) -> str:
     env = cell_environment(cell, folder, profile, gpu_metrics)
     shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("MODE", "NUM_GPUS", "PROFILE", "GPU_METRICS")
                      if k != "GPU_METRICS" or gpu_metrics)
@@ -95,7 +96,7 @@ def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args, gpu_metr
     return f"{shown} {args}"
 
 
-def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: float = 0,
+def run_cell(cell: Cell, out: Path, *, profile: bool, train_args: Sequence[str], timeout_s: float = 0,
              gpu_metrics: bool = False, layout: Layout = Layout()) -> Outcome:
     """Train one cell; any failure becomes the Outcome's status, never an exception
     (except Ctrl-C, which stops the cell and goes on up)."""
@@ -150,7 +151,7 @@ def last_error_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: "subprocess.Popen[bytes]") -> None:
     """SIGTERM the cell's process group, then SIGKILL what is left after 10 s."""
     for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), STOP_GRACE_S):
         try:

@@ -12,7 +12,7 @@ docs/PROFILING.md ("What-if") says how and why.
 import math
 import sys
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from handler.runtime.errors import OneLineParser, UserError, one_line_errors
 
@@ -249,10 +249,11 @@ def link_argument(text: str) -> tuple[Link, int]:
 
 def load_summary(path: Path) -> Summary:
     data = _summary_json(path)
-    if isinstance(data, dict) and {"config", "epochs"} <= data.keys() and "ranks" not in data:
+    keys = {str(k) for k in cast(dict[object, object], data)} if isinstance(data, dict) else set[str]()
+    if {"config", "epochs"} <= keys and "ranks" not in keys:
         raise UserError(f"{path} is the run's metrics JSON (train_cifar.py --metrics), not a profile summary; "
                         f"{SUMMARISE} on the run's report and pass the .summary.json it writes")
-    summary = parse_summary(data, str(path))
+    summary = parse_summary(cast(object, data), str(path))
     cut = summary.incomplete
     if cut and not cut.complete_epochs:
         raise UserError(f"{path}: {cut.line or 'the run ended before its first epoch did'}: nothing to predict "

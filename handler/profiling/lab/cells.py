@@ -28,7 +28,7 @@ def is_kit_layout(path: Path) -> bool:
 
 def lab_reports(paths: list[Path]) -> list[dict[str, Any]]:
     """[{"report", "mode", "gpus"}] for the reports named, the kit's folders opened."""
-    reports = []
+    reports: list[Path] = []
     for path in paths:
         if is_kit_layout(path):
             reports += [r for sub in sorted(s for s in path.iterdir() if s.is_dir() and KIT_FOLDER.match(s.name))

@@ -6,6 +6,7 @@ under them the steps and phases of every rank as bands. Without GPU metrics the 
 the bands alone. The returned dict, stored in lab.json, lists what was drawn, read back from
 the figure itself.
 """
+from typing import Any
 from pathlib import Path
 
 from handler.runtime.names import BATCH, PHASES, RANK
@@ -29,7 +30,7 @@ def window(trace: Trace) -> tuple[int, int] | None:
     return chosen[0].start, after
 
 
-def draw(trace: Trace, path: Path, title: str) -> dict:
+def draw(trace: Trace, path: Path, title: str) -> dict[str, Any]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

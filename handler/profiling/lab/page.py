@@ -119,7 +119,7 @@ def write_cells_lab(cells: list[tuple[str, int, Path, Metrics | None]], out: Pat
     gradients; the report's .sqlite export stands in where only it is left. A cell whose report
     cannot be read is left off the page and named on it; with none readable the page is not
     written, and one line says why."""
-    entries = []
+    entries: list[dict[str, Any]] = []
     for label, count, report, metrics in cells:
         found = report if report.is_file() else report.with_suffix(".sqlite")
         if found.is_file():
@@ -144,7 +144,7 @@ def write_lab(entries: list[dict[str, Any]], out: Path, convention: Any = None) 
     return page
 
 
-def say_left_off(left_off: list[dict], total: int, out: Path) -> None:
+def say_left_off(left_off: list[dict[str, str]], total: int, out: Path) -> None:
     """One line on stderr per report left off the page, and how many; nothing when none was."""
     for bad in left_off:
         print(f"lab page: LEFT OFF: {bad['why']}", file=sys.stderr, flush=True)
@@ -289,11 +289,11 @@ def _label(row: LabRow) -> str:
     return row["cell"] + ("" if row["ran"] == row["cell"] else f" (ran {row['ran']})")
 
 
-def _num(x, digits=2) -> str:
+def _num(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def _pct(x) -> str:
+def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.1f} %"
 
 
@@ -341,10 +341,11 @@ def _gpu_tables(rows: list[LabRow]) -> list[str]:
     without = [r["name"] for r in rows if not r["gpu_table"]]
     none_here = (f"No CUDA activity in {'these reports' if len(without) == len(rows) else ', '.join(without)}"
                  " (CPU runs): no GPU to show.") if without else ""
-    metric_keys = sorted({k for r in rows for g in r["gpu_table"] or () for k in (g["metrics"] or {})})
+    none: dict[str, Any] = {}
+    metric_keys: list[str] = sorted({k for r in rows for g in r["gpu_table"] or () for k in (g["metrics"] or none)})
     per_gpu = ["| " + " | ".join([r["name"], str(g["device"]), _pct(g["kernel_busy_share"]),
                                    _pct(g["compute_busy_share"]), _num(g["nccl_kernel_s"], 3),
-                                   _num(g["peak_memory_mb"], 0), *(_num((g["metrics"] or {}).get(k), 1)
+                                   _num(g["peak_memory_mb"], 0), *(_num((g["metrics"] or none).get(k), 1)
                                                                   for k in metric_keys)]) + " |"
                for r in rows for g in r["gpu_table"] or ()]
     lines = ["", "## Per GPU", "", "Busy shares are of the epochs' length; metrics are means inside the epochs.", ""]

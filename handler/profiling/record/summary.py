@@ -6,7 +6,7 @@ needs is declared here first; fields not declared are kept as written and read b
 from pydantic import Field
 
 from .kinds import (AnyNumberOrNull, BubbleOrNull, BusyShareOrNull, Count, CountOrNull, Devices, ModeOrNull, MsOrNull,
-                    EpochOrNull, Number, NumberOrNull, Positive, PositiveOrNull, Record, Share, ShareOrNull, SizeOrNull, Text,
+                    EpochOrNull, Number, NumberOrNull, Positive, PositiveOrNull, Record, ShareOrNull, SizeOrNull, Text,
                     TextOrNull, Time, TimeOrNull, Workers)
 
 

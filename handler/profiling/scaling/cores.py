@@ -109,7 +109,7 @@ def efficiency(others: dict[str, dict[int, tuple[Split, Machine]]], own: int) ->
     its own loaders' stall taken out (1 rank of 2 threads against 2 ranks of 1 thread: intra-op
     threads that meet at every operator cost more than ranks that meet once a step). others: mode
     -> count -> (split, machine block); the median over the modes that recorded CPU time."""
-    out = {}
+    out: dict[int, float] = {}
     for n in sorted({c for by in others.values() for c in by} - {own}):
         ratios: list[float] = []
         for by in others.values():

@@ -45,7 +45,7 @@ def of_epochs(ranks: list[list[tuple[int, float]]]) -> Measured:
     """The measured epoch of each rank's (epoch, seconds): each epoch as long as its slowest rank (the ranks
     step together), over the epochs every rank with epochs completed."""
     timed = [dict(r) for r in ranks if r]
-    common = set.intersection(*(set(t) for t in timed)) if timed else set()
+    common: set[int] = set(timed[0]).intersection(*timed[1:]) if timed else set()
     return of_times([(e, max(t[e] for t in timed)) for e in common])
 
 

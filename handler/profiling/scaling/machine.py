@@ -22,6 +22,7 @@ the summary's `machine` block (docs/PROFILING.md, "What-if"), each fact with whe
   events (sched.py), else None.
 A fact nothing gave is None, and its `_from` says so.
 """
+from typing import Any
 import re
 from pathlib import Path
 
@@ -36,7 +37,7 @@ DALI_POOL = re.compile(r"\[DALI\]\[TP(\d+)\]")
 UNKNOWN = "not recorded"
 
 
-def machine_of(export: Path | None, ranks: list[dict], metrics: dict | None = None) -> dict:
+def machine_of(export: Path | None, ranks: list[dict[str, Any]], metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     """ranks: the summary's ranks (their pids). export: the report's SQLite export, or None."""
     env, config = (metrics or {}).get("env") or {}, (metrics or {}).get("config") or {}
     system, threads = _read(export)
