@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import ROOT, run_cli
-from tests.profiling.summaries import whole
+from tests.profiling.model.summaries import whole
 from handler.compare.cells import DP_CPU_SKIP, Cell, Variant, build_variants, default_counts, matrix, parse_variant
 from handler.compare.results import build_rows
 from handler.compare.runner import Outcome, last_error_line

@@ -8,7 +8,7 @@ from handler.compare.plots import write_plots
 from handler.compare.results import build_rows
 from handler.compare.runner import Outcome, cell_environment, reproduce_line
 from handler.runtime.errors import UserError
-from tests.profiling.summaries import whole
+from tests.profiling.model.summaries import whole
 
 GPU_SUMMARY = {"overall": {"phase_shares": {"data": 0.01, "h2d": 0.0, "forward": 0.2, "backward": 0.3,
                                             "optimizer": 0.05},
