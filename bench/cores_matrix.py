@@ -36,9 +36,10 @@ def isa() -> str:
 
 def cpu_times(folder: Path, mode: str, count: int) -> dict:
     """The cell's machine.loader_cpu_ms and rank_cpu_ms, from its metrics JSON (the kit's layout)."""
+    from handler.profiling.lab.metrics_file import read_metrics
     from handler.profiling.scaling.cores import cpu_time_of
     found = sorted(folder.glob(f"nsight_logs/{mode}_[0-9]*/gpu_{count}.metrics.json"))
-    return cpu_time_of(json.loads(found[-1].read_text())) if found else cpu_time_of(None)
+    return cpu_time_of(read_metrics(found[-1]) if found else None)
 
 
 def markdown(cells: list, times: dict, box: dict) -> tuple[str, dict]:
