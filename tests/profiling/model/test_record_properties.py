@@ -22,7 +22,7 @@ from tests.profiling.model.schema_strategies import metrics, record, summaries
 from tests.profiling.model.test_whatif_properties import runs
 
 SOME = settings(derandomize=True, database=None, deadline=None, max_examples=80)
-FEW = settings(derandomize=True, database=None, deadline=None, max_examples=40)
+FEW = settings(derandomize=True, database=None, deadline=None, max_examples=30)
 MODES = ("dp", "ddp", "ddp_dali", "fsdp", "pp", "ddp+amp [fp16]")
 
 
