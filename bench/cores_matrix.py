@@ -35,6 +35,7 @@ def isa() -> str:
 
 def cpu_times(folder: Path, mode: str, count: int) -> dict:
     """The cell's machine.loader_cpu_ms and rank_cpu_ms, from its metrics JSON (the kit's layout)."""
+    from handler.profiling.lab.metrics_file import read_metrics
     from handler.profiling.scaling.cores import cpu_time_of
     from handler.profiling.lab.metrics_file import read_metrics
     found = sorted(folder.glob(f"nsight_logs/{mode}_[0-9]*/gpu_{count}.metrics.json"))

@@ -34,7 +34,7 @@ def option_defaults() -> dict:
     return Config(sections=tuple(s() for s in mode_sections(all_modes()))).as_dict()
 
 
-def option_choices(name: str) -> tuple:
+def option_choices(name: str) -> tuple[str, ...]:
     """The values an option accepts, from the section that declares it (e.g. comm_hook)."""
     from .train.config import SHARED_SECTIONS, mode_sections
     from .train.options import choices_of

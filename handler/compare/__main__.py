@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -40,14 +41,15 @@ from .plots import write_plots
 from .predict import add_predictions
 from .provenance import provenance
 from .report import pct, status, write_report
-from .results import build_rows, dataset_description, recipe
+from .cells import Cell
+from .results import Row, build_rows, dataset_description, recipe
 from .runner import Layout, Outcome, run_cell, skipped
 
 PROG = "python -m handler.compare"
 LAB_MODES = ("dp", "ddp", "ddp_dali")  # the course kit's modes, in its order
 
 
-def parse_args(argv):
+def parse_args(argv: list[str]) -> argparse.Namespace:
     runner_argv, train_argv = _split_at_dashes(argv)
     p = OneLineParser(prog=PROG, usage=f"{PROG} [options] [-- train_cifar.py args]",
                                 description=(__doc__ or "").partition("\n")[0].split(":")[0] + ".",
@@ -85,14 +87,14 @@ def parse_args(argv):
     return args
 
 
-def _split_at_dashes(argv):
+def _split_at_dashes(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
 
 
-def load_comm_bench(path: Path) -> dict:
+def load_comm_bench(path: Path) -> dict[str, Any]:
     """bench.comm's JSON: rows of rate_mbit, hook and step_s."""
     try:
         data = json.loads(path.read_text())
@@ -112,16 +114,17 @@ def use_nsys(choice: str) -> bool:
     return found if choice == "auto" else choice == "1"
 
 
-def one_line(row) -> str:
+def one_line(row: Row) -> str:
     if row.status != "ok":
         return f"{row.name}: {status(row)}: {row.error}"
     speed = f"  {row.speedup:.2f}x of {row.ideal:g}x ideal" if row.speedup is not None and row.ideal != 1 else ""
-    noisy = f"  NOISY: its epochs spread {row.epoch_spread * 100:.0f} %" if row.epoch_noisy else ""
-    return (f"{row.name}: {row.epoch_s:.2f} s/epoch  {row.images_per_s:.0f} img/s  "
+    noisy = f"  NOISY: its epochs spread {(row.epoch_spread or 0.0) * 100:.0f} %" if row.epoch_noisy else ""
+    return (f"{row.name}: {row.epoch_s or 0.0:.2f} s/epoch  {row.images_per_s or 0.0:.0f} img/s  "
             f"data wait {pct(row.data_wait_share)}{speed}{noisy}")
 
 
-def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list, layout: Layout = Layout()) -> None:
+def run_matrix(cells: list[Cell], out: Path, profile: bool, args: argparse.Namespace, gpus: int, outcomes: list[Outcome],
+               layout: Layout = Layout()) -> None:
     """Run the cells in order, appending to outcomes (kept when Ctrl-C stops the matrix)."""
     bar = tqdm(cells, unit="cell", dynamic_ncols=True, file=sys.stdout, disable=None)  # no bar off a terminal
     for cell in bar:
@@ -138,11 +141,11 @@ def run_matrix(cells, out: Path, profile: bool, args, gpus: int, outcomes: list,
         bar.write(one_line(build_rows(outcomes)[-1]))
 
 
-def _interrupt(signum, frame):
+def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the matrix like Ctrl-C: the cell's processes too
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.out:  # before any run
@@ -171,7 +174,8 @@ def main(argv=None) -> int:
     print(f"{len(cells)} cells ({len(variants)} variants x counts {','.join(map(str, counts))}), "
           f"{'profiled with nsys' if profile else 'not profiled'}, output in {out}", flush=True)
     prov = provenance(" ".join([PROG, *map(shlex.quote, argv)]))
-    outcomes, interrupted = [], False
+    outcomes: list[Outcome] = []
+    interrupted = False
     signal.signal(signal.SIGTERM, _interrupt)
     layout = Layout(time.strftime("%Y%m%d_%H%M%S"), os.environ.get("DATASET_DIR", "dataset")) if args.lab else Layout()
     try:

@@ -5,6 +5,7 @@ or `fast=ddp:--amp bf16 --channels-last`; ARGS go to train_cifar.py for that var
 """
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..runtime.errors import UserError, shown
@@ -21,7 +22,7 @@ DP_CPU_SKIP = "dp needs GPUs to split work; on CPU it is one process whatever th
 class Variant:
     label: str
     mode: str
-    args: tuple = ()
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Cell:
         return re.sub(r"[^A-Za-z0-9.+]+", "-", f"{self.variant.label} n{self.count}").strip("-")
 
 
-def parse_variant(spec: str, modes, flag: str = "--cell") -> Variant:
+def parse_variant(spec: str, modes: Sequence[str], flag: str = "--cell") -> Variant:
     """flag: the option that named the variant, as the user typed it (--modes names a mode alone)."""
     if flag == "--modes":
         if spec not in modes:
@@ -67,14 +68,14 @@ def split_args(text: str, where: str) -> list[str]:
                         "ends it); close the quote, e.g. --extra \"--label 'my run'\"") from None
 
 
-def check_args(args, where: str) -> None:
+def check_args(args: Sequence[str], where: str) -> None:
     for arg in args:
         if arg.split("=")[0] in RESERVED:
             raise UserError(f"{where} sets {arg.split('=')[0]}, which the runner sets for every cell; "
                             "use --modes/--cell for modes and --counts for process counts")
 
 
-def parse_counts(text: str) -> tuple:
+def parse_counts(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(int(c) for c in text.split(",") if c.strip())
     except ValueError:
@@ -84,16 +85,16 @@ def parse_counts(text: str) -> tuple:
     return tuple(sorted(set(counts)))
 
 
-def default_counts(gpus: int) -> tuple:
+def default_counts(gpus: int) -> tuple[int, ...]:
     """{1, 2, 4} capped at the visible GPUs; {1, 2} CPU processes without GPUs."""
     if not gpus:
         return CPU_COUNTS
     return tuple(sorted({min(c, gpus) for c in DEFAULT_COUNTS}))
 
 
-def build_variants(modes_text, cell_specs, all_modes) -> list:
+def build_variants(modes_text: str | None, cell_specs: Sequence[str], all_modes: Sequence[str]) -> list[Variant]:
     """--modes adds plain variants, each --cell one more; with neither, every mode runs plain."""
-    variants = []
+    variants: list[Variant] = []
     if modes_text is not None:
         for mode in (m.strip() for m in modes_text.split(",") if m.strip()):
             variants.append(parse_variant(mode, all_modes, "--modes"))
@@ -110,7 +111,7 @@ def build_variants(modes_text, cell_specs, all_modes) -> list:
     return variants
 
 
-def sweep_hooks(variants, hooks_text: str, hooks) -> list:
+def sweep_hooks(variants: list[Variant], hooks_text: str, hooks: Sequence[str]) -> list[Variant]:
     """--hooks: each ddp/ddp_dali variant once per --comm-hook, labelled `LABEL [hook]`; the
     other modes have no hook and run once."""
     chosen = [h.strip() for h in hooks_text.split(",") if h.strip()]
@@ -119,7 +120,7 @@ def sweep_hooks(variants, hooks_text: str, hooks) -> list:
             raise UserError(f"--hooks {hooks_text!r}: {hook!r} is not a hook; choose from {', '.join(hooks)}")
     if not chosen:
         raise UserError("--hooks is empty; name at least one of " + ", ".join(hooks))
-    swept = []
+    swept: list[Variant] = []
     for v in variants:
         if v.mode not in HOOKED_MODES:
             swept.append(v)
@@ -130,7 +131,7 @@ def sweep_hooks(variants, hooks_text: str, hooks) -> list:
     return swept
 
 
-def matrix(variants, counts) -> list:
+def matrix(variants: list[Variant], counts: Sequence[int]) -> list[Cell]:
     cells = [Cell(v, n) for v in variants for n in counts]
     slugs = [c.slug for c in cells]
     for cell in cells:

@@ -1,6 +1,9 @@
 """The comparison's figures, as PNG files (matplotlib, headless Agg backend)."""
+# pyright: reportUnknownMemberType=false
+# (matplotlib's own annotations leave its methods' **kwargs untyped; everything of ours here is typed)
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import matplotlib
 
@@ -8,20 +11,23 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..runtime.names import BACKWARD, DATA, DATA_GPU, FORWARD, H2D, OPTIMIZER  # noqa: E402
-from .results import SHARES  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from .results import SHARES, Row  # noqa: E402
 
 DPI = 110
 PHASE_COLOURS = {DATA: "#d62728", H2D: "#ff7f0e", FORWARD: "#1f77b4", BACKWARD: "#2ca02c",
                  OPTIMIZER: "#9467bd", DATA_GPU: "#8c564b", "other": "#c7c7c7"}
 
 
-def write_plots(rows, out: Path, comm_bench: Optional[dict] = None) -> dict:
+def write_plots(rows: list[Row], out: Path, comm_bench: Optional[dict[str, Any]] = None) -> dict[str, str]:
     """Every figure; returns {title: file name}. `comm_bench`: a bench.comm result to plot."""
-    figures = {
+    figures: dict[str, tuple[str, Callable[[Axes], None]]] = {
         "Epoch time": ("epoch_time.png", lambda ax: _grouped_bars(ax, rows, "epoch_s", "epoch time (s)")),
         "Images per second": ("images_per_s.png", lambda ax: _grouped_bars(ax, rows, "images_per_s", "images/s")),
     }
-    written = {}
+    written: dict[str, str] = {}
     for title, (name, draw) in figures.items():
         fig, ax = plt.subplots(figsize=(8, 4))
         draw(ax)
@@ -41,13 +47,14 @@ def write_plots(rows, out: Path, comm_bench: Optional[dict] = None) -> dict:
     return written
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
-def _grouped_bars(ax, rows, key: str, ylabel: str, value=getattr) -> None:
+def _grouped_bars(ax: Axes, rows: list[Row], key: str, ylabel: str,
+                  value: Callable[[Row, str], Any] = getattr) -> None:
     """One group per process count, one bar per variant; a failed or skipped cell is named, not drawn."""
     labels = list(dict.fromkeys(r.label for r in rows))
     counts = sorted({r.count for r in rows})
@@ -71,8 +78,9 @@ def _grouped_bars(ax, rows, key: str, ylabel: str, value=getattr) -> None:
     ax.set_ylabel(ylabel)
 
 
-def _scaling(rows):
-    fig, (speed, eff) = plt.subplots(1, 2, figsize=(10, 4))
+def _scaling(rows: list[Row]) -> Figure:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), squeeze=False)
+    speed, eff = axes[0, 0], axes[0, 1]
     labels = list(dict.fromkeys(r.label for r in rows))
     ideal = sorted({(r.count, r.ideal) for r in rows if r.ideal})
     if ideal:
@@ -83,7 +91,7 @@ def _scaling(rows):
         if done:
             xs = [r.count for r in done]
             speed.plot(xs, [r.speedup for r in done], "o-", color=f"C{i}", label=label)
-            eff.plot(xs, [100 * r.efficiency for r in done], "o-", color=f"C{i}", label=label)
+            eff.plot(xs, [100 * (r.efficiency or 0.0) for r in done], "o-", color=f"C{i}", label=label)
     counts = sorted({r.count for r in rows})
     for ax, title, ylabel in ((speed, "Speed-up", "speed-up (x)"), (eff, "Scaling efficiency", "efficiency (%)")):
         ax.set_title(title)
@@ -96,7 +104,7 @@ def _scaling(rows):
     return fig
 
 
-def _phases(rows):
+def _phases(rows: list[Row]) -> Figure:
     """Stacked shares of training time per cell, from nsys or the loop's own timers."""
     profiled = [r for r in rows if r.phases]
     fig, ax = plt.subplots(figsize=(9, 1.5 + 0.45 * max(len(profiled), 3)))
@@ -110,7 +118,7 @@ def _phases(rows):
     names = [r.name if r.phase_source == "nsys" else f"{r.name} ({r.phase_source})" for r in profiled]
     left = [0.0] * len(profiled)
     for phase in SHARES:
-        widths = [100 * r.phases[phase] for r in profiled]
+        widths = [100 * (r.phases or {}).get(phase, 0.0) for r in profiled]
         ax.barh(names, widths, left=left, color=PHASE_COLOURS[phase], label=phase)
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()
@@ -128,7 +136,7 @@ GPU_METRIC_PANELS = (("sm_active_pct", "SM active (%)"), ("sm_issue_pct", "SM is
                      ("pcie_rx_pct", "PCIe RX (%)"))
 
 
-def _gpu_metrics(rows):
+def _gpu_metrics(rows: list[Row]) -> Figure:
     """One panel per metric that some cell sampled: bars per mode, grouped by GPU count."""
     panels = [(k, label) for k, label in GPU_METRIC_PANELS if any(k in (r.gpu_metrics or {}) for r in rows)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), squeeze=False)
@@ -138,11 +146,12 @@ def _gpu_metrics(rows):
     return fig
 
 
-def comm_rates(bench: dict):
+def comm_rates(bench: dict[str, Any]) -> Figure:
     """bench.comm: median step time (solid) and exposed comm (dashed) against link rate, per hook;
     the 2-host rows with no delay added (older results have neither field: all of theirs)."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    rows = [r for r in bench["rows"] if r.get("hosts", 2) == 2 and not r.get("delay_requested_ms")]
+    measured: list[dict[str, Any]] = bench["rows"]
+    rows = [r for r in measured if r.get("hosts", 2) == 2 and not r.get("delay_requested_ms")]
     hooks = list(dict.fromkeys(r["hook"] for r in rows))
     for i, hook in enumerate(hooks):
         mine = sorted((r for r in rows if r["hook"] == hook), key=lambda r: r["rate_mbit"])
@@ -151,7 +160,7 @@ def comm_rates(bench: dict):
         if all("exposed_comm_s" in r for r in mine):
             ax.plot(rates, [r["exposed_comm_s"] for r in mine], "x--", color=f"C{i}", alpha=0.6,
                     label=f"{hook} exposed comm")
-    env = bench.get("env", {})
+    env: dict[str, Any] = bench.get("env") or {}
     ax.set_xscale("log")
     ax.set_ylim(bottom=0)  # exposed comm can be 0: a linear axis keeps it
     ax.set_xlabel("link rate (Mbit/s)")

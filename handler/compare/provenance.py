@@ -8,7 +8,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,17 +33,17 @@ def memory_gib() -> float | None:
     return None
 
 
-def gpus() -> list:
+def gpus() -> list[str]:
     from ..runtime.devices import cuda_status
     import torch
     return [torch.cuda.get_device_name(i) for i in range(cuda_status()[0])]
 
 
-def hardware() -> dict:
+def hardware() -> dict[str, Any]:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "memory_gib": memory_gib(), "gpus": gpus()}
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     import torch
     from ..train.metrics import dali_version, package_version
     from ..profiling.nsys import nsys_version
@@ -53,7 +53,7 @@ def versions() -> dict:
 
 def code_version() -> str:
     """The git commit, marked `+changes` when the work tree differs from it."""
-    def git(*args):
+    def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
     try:
         commit = git("rev-parse", "--short", "HEAD")
@@ -67,7 +67,7 @@ def now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def provenance(command: str) -> dict:
+def provenance(command: str) -> dict[str, Any]:
     return {"date": now(), "command": command, "hardware": hardware(), "versions": versions(),
             "code": code_version()}
 
@@ -85,8 +85,8 @@ def dataset_identity(root: str | None) -> str:
     if has_layout(root):
         count = _batch_images(Path(root) / FOLDER, (*TRAIN_FILES, TEST_FILE))
         try:
-            from torchvision.datasets import CIFAR10
-            from torchvision.datasets.utils import check_integrity
+            from torchvision.datasets import CIFAR10  # pyright: ignore[reportMissingTypeStubs]
+            from torchvision.datasets.utils import check_integrity  # pyright: ignore[reportMissingTypeStubs]
         except ImportError:
             return f"{root}: {count} in CIFAR-10's layout (torchvision is not installed to check them)"
         wrong = [name for name, md5 in (*CIFAR10.train_list, *CIFAR10.test_list)
@@ -102,7 +102,7 @@ def dataset_identity(root: str | None) -> str:
     return f"{root}: not in CIFAR-10's layout"
 
 
-def _batch_images(folder: Path, names) -> str:
+def _batch_images(folder: Path, names: tuple[str, ...]) -> str:
     """"N images" in CIFAR-10 python batches, or why they could not be counted."""
     import pickle
     total = 0
@@ -116,7 +116,7 @@ def _batch_images(folder: Path, names) -> str:
     return f"{total} images"
 
 
-def markdown(prov: dict, extra: Optional[dict] = None) -> list:
+def markdown(prov: dict[str, Any], extra: Optional[dict[str, str]] = None) -> list[str]:
     """The provenance block as markdown bullet lines."""
     hw, v = prov["hardware"], prov["versions"]
     lines = [f"- **date**: {prov['date']}",

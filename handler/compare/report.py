@@ -1,31 +1,32 @@
 """report.md and results.json of a comparison."""
 import json
 from pathlib import Path
+from typing import Any
 
 from ..profiling.scaling.epochs import RULE as EPOCH_RULE, short as epoch_note
 from ..runtime.errors import shown
 from ..runtime.names import BACKWARD, DATA_GPU, FORWARD, OPTIMIZER
 from .predict import markdown as prediction_lines
 from .provenance import markdown as provenance_lines
-from .results import SHARES
+from .results import SHARES, Row
 
 NA = "—"
 SHORT = {FORWARD: "fwd", BACKWARD: "bwd", OPTIMIZER: "opt", DATA_GPU: "data (GPU)"}  # the rest as named
 
 
-def num(value, fmt: str) -> str:
+def num(value: float | None, fmt: str) -> str:
     return NA if value is None else format(value, fmt)
 
 
-def pct(share) -> str:
+def pct(share: float | None) -> str:
     return NA if share is None else f"{100 * share:.0f} %"
 
 
-def status(row) -> str:
+def status(row: Row) -> str:
     return f"failed (exit {row.exit_code})" if row.status == "failed" else row.status
 
 
-def phases(row) -> str:
+def phases(row: Row) -> str:
     if not row.phases:
         return NA
     shares = " · ".join(f"{SHORT.get(p, p)} {100 * row.phases[p]:.0f}%" for p in SHARES if row.phases[p] >= 0.005)
@@ -36,7 +37,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def results_table(rows) -> list:
+def results_table(rows: list[Row]) -> list[str]:
     header = ["cell", "mode", "procs", "options", "status", "epoch s", "epochs used", "images/s", "speed-up (ideal)",
               "efficiency", "data wait", "test acc", "phase shares", "note"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -50,7 +51,8 @@ def results_table(rows) -> list:
     return lines
 
 
-def markdown(rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled: bool) -> str:
+def markdown(rows: list[Row], plots: dict[str, str], prov: dict[str, Any], recipe: dict[str, object], dataset: str,
+             profiled: bool) -> str:
     title = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in recipe.items()) or "no cell finished"
     timing = ("every cell ran under nsys (scripts/launch.sh PROFILE=1): times include its small NVTX overhead"
               if profiled else "cells ran without a profiler (scripts/launch.sh PROFILE=0)")
@@ -74,7 +76,8 @@ def markdown(rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, rows, plots: dict, prov: dict, recipe: dict, dataset: str, profiled: bool) -> Path:
+def write_report(out: Path, rows: list[Row], plots: dict[str, str], prov: dict[str, Any], recipe: dict[str, object],
+                 dataset: str, profiled: bool) -> Path:
     page = markdown(rows, plots, prov, recipe, dataset, profiled)
     (out / "report.md").write_text(shown(page))
     data = {"schema": 1, "provenance": prov, "dataset": dataset, "profiled": profiled, "recipe": recipe,

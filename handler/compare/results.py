@@ -13,9 +13,12 @@ from statistics import median
 from typing import Optional
 
 from ..profiling.analysis import GPU_PHASES
-from ..profiling.scaling.epochs import of_metrics, of_summary
+from ..profiling.record.metrics import MetricsEpoch
+from ..profiling.record.summary import Summary
+from ..profiling.scaling.epochs import Measured, of_metrics, of_summary
 from ..runtime.names import DATA, PHASES
 from .provenance import dataset_identity
+from .runner import Outcome
 
 SHARES = (*GPU_PHASES, "other")  # data_gpu: the input pipeline's own GPU work (DALI, nvJPEG)
 
@@ -35,59 +38,61 @@ class Row:
     epochs_timed: int = 0
     epoch_s: Optional[float] = None  # the measured epoch (epochs.py)
     epoch_from: str = ""  # "nsys epoch ranges" (profiled) or "metrics epoch timer"
-    epochs_used: Optional[list] = None  # the epoch numbers the measured epoch is the median of
+    epochs_used: Optional[list[int]] = None  # the epoch numbers the measured epoch is the median of
     epoch_spread: Optional[float] = None  # (slowest - fastest) / median over them
     epoch_noisy: bool = False  # spread above epochs.NOISY_SHARE
-    measured: Optional[dict] = None  # epochs.of_*'s whole answer, for the pages
+    measured: Optional[Measured] = None  # epochs.of_*'s whole answer, for the pages
     images_per_s: Optional[float] = None
     data_wait_share: Optional[float] = None
     test_acc: Optional[float] = None
     speedup: Optional[float] = None
     ideal: Optional[float] = None
     efficiency: Optional[float] = None
-    phases: Optional[dict] = None  # share of training time per phase
+    phases: Optional[dict[str, float]] = None  # share of training time per phase
     phase_source: str = ""  # "nsys", "nsys GPU time" (GPU runs), or "loop timers" from epochs[].phase_s
-    gpu_metrics: Optional[dict] = None  # metric key -> mean over the cell's GPUs of the in-epoch mean
+    gpu_metrics: Optional[dict[str, float]] = None  # metric key -> mean over the cell's GPUs of the in-epoch mean
     measured_epoch_s: Optional[float] = None  # epoch_s, beside the prediction (handler/compare/predict.py)
     predicted_epoch_s: Optional[float] = None  # from the variant's cell with the fewest processes
     prediction_error: Optional[float] = None  # (predicted - measured) / measured
     predicted_bound: str = ""  # the resource the model says bounds this cell
     predicted_from: str = ""  # the cell the prediction was made from
     predicted_base: str = ""  # the base's measured epoch, its epochs and spread (epochs.line)
-    predicted_could_move: Optional[list] = None  # [low, high] s where the base's epochs are noisy
+    predicted_could_move: Optional[list[float]] = None  # [low, high] s where the base's epochs are noisy
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
-def build_rows(outcomes) -> list:
+def build_rows(outcomes: list[Outcome]) -> list[Row]:
     rows = [_row(o) for o in outcomes]
     _add_speedups(rows)
     return rows
 
 
-def _row(outcome) -> Row:
+def _row(outcome: Outcome) -> Row:
     cell = outcome.cell
     row = Row(name=cell.name, label=cell.variant.label, mode=cell.variant.mode, count=cell.count,
               options=" ".join(cell.variant.args), status=outcome.status, exit_code=outcome.exit_code,
               error=outcome.error, folder=outcome.folder, command=outcome.command)
-    if outcome.status != "ok":
+    if outcome.status != "ok" or outcome.metrics is None:
         return row
-    epochs = outcome.metrics["epochs"]
+    epochs = outcome.metrics.epochs
     steady = epochs[1:] or epochs
     measured_epoch(row, outcome)
     row.epochs_timed = len(row.epochs_used or ())
-    row.images_per_s = median(e["images_per_s"] for e in steady)
-    row.data_wait_share = sum(e["data_wait_s"] for e in steady) / sum(e["time_s"] for e in steady)
-    row.test_acc = (outcome.metrics.get("test") or {}).get("acc")
+    rates = [e.images_per_s for e in steady if e.images_per_s is not None]
+    row.images_per_s = median(rates) if rates else None
+    timed = sum(e.time_s or 0.0 for e in steady)
+    row.data_wait_share = sum(e.data_wait_s or 0.0 for e in steady) / timed if timed else None
+    row.test_acc = outcome.metrics.test.acc if outcome.metrics.test else None
     row.phases, row.phase_source = nsys_shares(outcome.profile)
     row.gpu_metrics = gpu_metric_means(outcome.profile)
-    if row.phases is None and all("phase_s" in e for e in steady):
+    if row.phases is None and all(e.phase_s is not None for e in steady):
         row.phases, row.phase_source = timer_shares(steady), "loop timers"
     return row
 
 
-def measured_epoch(row: Row, outcome) -> None:
+def measured_epoch(row: Row, outcome: Outcome) -> None:
     """The cell's measured epoch: from its profile's epoch ranges where it was profiled (what its lab
     page reads), else from its metrics' epoch timer; one rule either way (epochs.py)."""
     found = of_summary(outcome.profile) if outcome.profile else None
@@ -98,66 +103,69 @@ def measured_epoch(row: Row, outcome) -> None:
     row.epoch_spread, row.epoch_noisy = found["spread"], found["noisy"]
 
 
-def nsys_shares(summary: Optional[dict]) -> tuple:
+def nsys_shares(summary: Optional[Summary]) -> tuple[Optional[dict[str, float]], str]:
     """(shares, source). CPU runs: shares of batch time per phase from the NVTX ranges.
     GPU runs: the GPU-side view, shares of the GPUs' training time spent on work each phase
     launched, with `data` the GPU idle while the CPU waits for data (docs/PROFILING.md)."""
     if not summary:
         return None, ""
-    overall = summary["overall"]
-    if overall.get("gpu_phase_shares"):
-        shares = {p: overall["gpu_phase_shares"].get(p) or 0.0 for p in GPU_PHASES}
-        shares[DATA] = overall.get("gpu_data_stall_share") or 0.0
+    overall = summary.overall
+    if overall.gpu_phase_shares:
+        shares = {p: overall.gpu_phase_shares.get(p) or 0.0 for p in GPU_PHASES}
+        shares[DATA] = overall.gpu_data_stall_share or 0.0
         source = "nsys GPU time"
     else:
-        shares, source = {p: overall["phase_shares"].get(p) or 0.0 for p in PHASES}, "nsys"
-    shares = _with_other(shares)
-    return shares, source if shares else ""
+        shares, source = {p: overall.phase_shares.get(p) or 0.0 for p in PHASES}, "nsys"
+    found = _with_other(shares)
+    return found, source if found else ""
 
 
-def gpu_metric_means(summary: Optional[dict]) -> Optional[dict]:
+def gpu_metric_means(summary: Optional[Summary]) -> Optional[dict[str, float]]:
     """Each GPU metric's in-epoch mean, averaged over the cell's GPUs (every rank's)."""
-    values = {}
-    for rank in (summary or {}).get("ranks", ()):
-        for device in (rank.get("gpu_metrics") or {}).values():
+    values: dict[str, list[float]] = {}
+    for rank in summary.ranks if summary else ():
+        for device in (rank.gpu_metrics or {}).values():
             for key, stat in device.items():
-                values.setdefault(key, []).append(stat["mean"])
+                if stat.mean is not None:
+                    values.setdefault(key, []).append(stat.mean)
     return {key: sum(v) / len(v) for key, v in values.items()} or None
 
 
-def timer_shares(epochs) -> Optional[dict]:
+def timer_shares(epochs: list[MetricsEpoch]) -> Optional[dict[str, float]]:
     """Shares of epoch time per phase from the loop's own timers (epochs[].phase_s)."""
-    total = sum(e["time_s"] for e in epochs)
-    return _with_other({p: sum(e["phase_s"].get(p, 0.0) for e in epochs) / total for p in PHASES})
+    total = sum(e.time_s or 0.0 for e in epochs)
+    if not total:
+        return None
+    return _with_other({p: sum((e.phase_s or {}).get(p, 0.0) for e in epochs) / total for p in PHASES})
 
 
-def _with_other(shares: dict) -> Optional[dict]:
+def _with_other(shares: dict[str, float]) -> Optional[dict[str, float]]:
     """What no phase covers is `other`; all zero means no phase was recorded."""
     if not any(shares.values()):
         return None
     return {**{p: 0.0 for p in GPU_PHASES}, **shares, "other": max(0.0, 1.0 - sum(shares.values()))}
 
 
-def _add_speedups(rows) -> None:
+def _add_speedups(rows: list[Row]) -> None:
     for label in {r.label for r in rows}:
         done = sorted((r for r in rows if r.label == label and r.epoch_s), key=lambda r: r.count)
         if not done:
             continue
-        base = done[0]
+        base = done[0].epoch_s or 1.0
         for r in done:
-            r.speedup = base.epoch_s / r.epoch_s
-            r.ideal = r.count / base.count
+            r.speedup = base / (r.epoch_s or base)
+            r.ideal = r.count / done[0].count
             r.efficiency = r.speedup / r.ideal
 
 
-def dataset_description(outcomes) -> str:
+def dataset_description(outcomes: list[Outcome]) -> str:
     """What the finished cells trained on, from their metrics (env.dataset and config)."""
-    seen = []
+    seen: list[str] = []
     for o in outcomes:
         if not o.metrics:
             continue
-        env, cfg = o.metrics.get("env", {}), o.metrics.get("config", {})
-        name = env.get("dataset") or cfg.get("dataset") or "unknown"
+        cfg = o.metrics.config.model_extra or {}
+        name = o.metrics.env.dataset or str(cfg.get("dataset") or "unknown")
         if name == "synthetic":
             name = (f"synthetic (generated, {cfg.get('synthetic_train')} train / "
                     f"{cfg.get('synthetic_test')} test images; NOT CIFAR-10)")
@@ -168,10 +176,10 @@ def dataset_description(outcomes) -> str:
     return "; ".join(seen) or "unknown (no cell wrote metrics)"
 
 
-def recipe(outcomes) -> dict:
+def recipe(outcomes: list[Outcome]) -> dict[str, object]:
     """model, epochs, global batch, ... of the first cell that wrote metrics."""
     for o in outcomes:
         if o.metrics:
-            cfg = o.metrics.get("config", {})
+            cfg = o.metrics.config.model_dump()
             return {k: cfg.get(k) for k in ("model", "epochs", "batch_size", "workers", "valid_size")}
     return {}

@@ -11,10 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..profiling.lab.metrics_file import metrics_problem
+from ..profiling.record.metrics import Metrics
+from ..profiling.record.parse import parse_metrics, parse_summary
+from ..profiling.record.summary import Summary
+from ..runtime.errors import UserError
 from .cells import Cell
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,11 +37,19 @@ class Outcome:
     status: str  # "ok", "failed", "skipped" or "interrupted"
     exit_code: Optional[int] = None
     error: str = ""
-    metrics: Optional[dict] = None
-    profile: Optional[dict] = None  # handler.profiling.report's summary JSON
+    metrics: Optional[Metrics] = None  # the cell's metrics JSON, parsed (a dict given is parsed here)
+    profile: Optional[Summary] = None  # handler.profiling.report's summary JSON, parsed
     folder: str = ""
     command: str = ""
     wall_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        given: object = self.metrics
+        if isinstance(given, dict):
+            self.metrics = parse_metrics(given, f"cell {self.cell.name}'s metrics")
+        given = self.profile
+        if isinstance(given, dict):
+            self.profile = parse_summary(given, f"cell {self.cell.name}'s summary")
 
 
 @dataclass(frozen=True)
@@ -47,7 +61,7 @@ class Layout:
     stamp: str = ""
     dataset: str = "dataset"
 
-    def place(self, cell: Cell, folder: Path) -> dict:
+    def place(self, cell: Cell, folder: Path) -> dict[str, str]:
         if not self.stamp:
             return {"NSIGHT_LOG_DIR": str(folder), "NSIGHT_FILE_NAME": cell.slug, "CKPT_DIR": str(folder / "ckpt")}
         run = f"{cell.variant.label}_{self.stamp}"
@@ -63,18 +77,18 @@ class Layout:
 
 
 def cell_environment(cell: Cell, folder: Path, profile: bool, gpu_metrics: bool = False, *,
-                     layout: Layout = Layout()) -> dict:
+                     layout: Layout = Layout()) -> dict[str, str]:
     return {"MODE": cell.variant.mode, "NUM_GPUS": str(cell.count), "PROFILE": "1" if profile else "0",
             "GPU_METRICS": "1" if gpu_metrics else "0", **layout.place(cell, folder),
             "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
 
 
-def cell_command(cell: Cell, train_args) -> list:
+def cell_command(cell: Cell, train_args: Sequence[str]) -> list[str]:
     # --no-progress first, so a cell's log is lines, not progress-bar redraws.
     return ["bash", str(LAUNCH), "--no-progress", *train_args, *cell.variant.args]
 
 
-def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args, gpu_metrics: bool = False) -> str:
+def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args: Sequence[str], gpu_metrics: bool = False) -> str:
     env = cell_environment(cell, folder, profile, gpu_metrics)
     shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("MODE", "NUM_GPUS", "PROFILE", "GPU_METRICS")
                      if k != "GPU_METRICS" or gpu_metrics)
@@ -82,7 +96,7 @@ def reproduce_line(cell: Cell, folder: Path, profile: bool, train_args, gpu_metr
     return f"{shown} {args}"
 
 
-def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: float = 0,
+def run_cell(cell: Cell, out: Path, *, profile: bool, train_args: Sequence[str], timeout_s: float = 0,
              gpu_metrics: bool = False, layout: Layout = Layout()) -> Outcome:
     """Train one cell; any failure becomes the Outcome's status, never an exception
     (except Ctrl-C, which stops the cell and goes on up)."""
@@ -107,9 +121,17 @@ def run_cell(cell: Cell, out: Path, *, profile: bool, train_args, timeout_s: flo
             raise
     outcome.wall_s = time.perf_counter() - started
     results = Path(env["NSIGHT_LOG_DIR"]) / env["NSIGHT_FILE_NAME"]
-    outcome.metrics = _read_json(results.with_name(results.name + ".metrics.json"))
-    outcome.profile = _read_json(results.with_name(results.name + ".summary.json")) if profile else None
-    if outcome.exit_code == 0 and outcome.metrics and outcome.metrics.get("epochs"):
+    try:
+        metrics = _read_json(results.with_name(results.name + ".metrics.json"))
+        if metrics is not None and (problem := metrics_problem(metrics)):
+            raise UserError(f"its metrics JSON {problem}")
+        outcome.metrics = parse_metrics(metrics, "its metrics JSON") if metrics is not None else None
+        summary = _read_json(results.with_name(results.name + ".summary.json")) if profile else None
+        outcome.profile = parse_summary(summary, "its summary JSON") if summary is not None else None
+    except UserError as err:  # the cell ran, but what it wrote cannot be read: it failed, saying why
+        outcome.metrics = outcome.profile = None
+        outcome.error = str(err)
+    if outcome.exit_code == 0 and outcome.metrics and outcome.metrics.epochs:
         outcome.status = "ok"
     elif not outcome.error:
         outcome.error = last_error_line((folder / "stderr.log").read_text(errors="replace")) \
@@ -129,7 +151,7 @@ def last_error_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: "subprocess.Popen[bytes]") -> None:
     """SIGTERM the cell's process group, then SIGKILL what is left after 10 s."""
     for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), STOP_GRACE_S):
         try:
@@ -143,7 +165,7 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def _read_json(path: Path) -> Optional[dict]:
+def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):

@@ -5,6 +5,7 @@ inflate training shares. Shares are of summed batch time; what no phase covers i
 A phase's time is its own: the loop's `data` holds the loader's `h2d`, which counts as `h2d`
 only. Every name comes from handler/runtime/names.py, as the training side's do.
 """
+from typing import Any
 import bisect
 from dataclasses import asdict
 
@@ -12,7 +13,7 @@ from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHAS
 
 from .bubble import pipeline_stats
 from .devices import gpu_table
-from .scaling.epochs import contract, of_summary
+from .scaling.epochs import contract, of_written
 from .comm import comm_stats, first_comm_starts, stragglers
 from .conventions import library_of, unmatched_phases
 from .gpu_metrics import device_map
@@ -26,7 +27,7 @@ GPU_PHASES = (*PHASES, DATA_GPU)
 NCCL_RANGE = "nccl"  # NCCL's own NVTX ranges: ncclAllReduce, ncclBroadcast, ncclReduce, ...  # the GPU view adds the input pipeline's own GPU work
 
 
-def summarize(trace: Trace, metrics: dict | None = None, report=None) -> dict:
+def summarize(trace: Trace, metrics: dict[str, Any] | None = None, report: Any = None) -> dict[str, Any]:
     """report: the report's path, the run block's last source for the mode (scaling/run_facts.py)."""
     ranks = [_rank(p, trace) for p in trace.processes]
     for rank in ranks:  # profiles without host marks: the metrics JSON's env.hosts, if given
@@ -46,7 +47,7 @@ def summarize(trace: Trace, metrics: dict | None = None, report=None) -> dict:
     summary["gpus"] = gpu_table(trace)
     summary["incomplete"] = incomplete(ranks)
     summary["run"] = run_block(summary, metrics, report)
-    summary["measured_epoch"] = contract(of_summary(summary))  # the one epoch time every page uses (epochs.py)
+    summary["measured_epoch"] = contract(of_written(summary))  # the one epoch time every page uses (epochs.py)
     return summary
 
 

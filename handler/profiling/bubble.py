@@ -48,14 +48,14 @@ def pipeline_stats(processes: tuple[Process, ...], gpu=None) -> list[dict | None
         return [None] * len(processes)
     microbatches = 1 + max(j for p in stages for r in p.ranges if (j := _microbatch(r.name)) is not None)
     theory = theoretical_bubble(len(stages), microbatches)
-    return [_stage(p, stages.index(p), theory, gpu) if p in stages else None for p in processes]
+    return [_stage(p, stages.index(p), theory, microbatches, gpu) if p in stages else None for p in processes]
 
 
-def _stage(process: Process, index: int, theory: float, gpu) -> dict:
+def _stage(process: Process, index: int, theory: float, microbatches: int, gpu) -> dict:
     pieces = sorted((r for r in process.ranges if r.name in WAIT or _microbatch(r.name) is not None),
                     key=lambda r: r.start)
     batches = sorted((r for r in process.ranges if BATCH.match(r.name)), key=lambda r: r.start)
-    head = {"stage": index, "theoretical_bubble_share": theory}
+    head = {"stage": index, "theoretical_bubble_share": theory, "microbatches": microbatches}
     cpu = _cpu_view(pieces, batches)
     if gpu is None:
         return {**head, **cpu, "source": "cpu ranges"}

@@ -4,6 +4,8 @@ Per GPU: SM Active, DRAM read and write (or bandwidth) and PCIe RX and TX, mean 
 epochs; per phase the means of the same; the PCIe overlap (docs/PROFILING.md, "GPU metrics"); and
 one line per kind of value the report could not place.
 """
+from typing import Any
+
 from .gpu_metrics_place import REGIONS
 
 NA = "n/a"
@@ -90,23 +92,12 @@ def _cuda_of(rank: dict, gpu: str) -> str:
     return "cuda " + ",".join(cudas) if cudas else NA
 
 
-def report_overlap(summary: dict) -> dict | None:
-    """The PCIe overlap of a whole report, every rank's GPUs pooled: {share, tx_busy_samples,
-    both_busy_samples, busy_at}; None where no GPU sampled both PCIe directions."""
-    found = [o for r in summary["ranks"] for o in (r.get("pcie_overlap") or {}).values()]
-    if not found:
-        return None
-    tx, both = sum(o["tx_busy_samples"] for o in found), sum(o["both_busy_samples"] for o in found)
-    return {"share": both / tx if tx else None, "tx_busy_samples": tx, "both_busy_samples": both,
-            "busy_at": found[0]["busy_at"]}
-
-
-def lab_columns(gpu_rows) -> list[str]:
+def lab_columns(gpu_rows: list[dict[str, Any]]) -> list[str]:
     """The lab page's metric columns that some GPU of its reports fills, in COLUMNS' order."""
     return [c for c, _ in COLUMNS if c != "SM Issue %" and any(c in columns_of(g.get("metrics") or {}) for g in gpu_rows)]
 
 
-def lab_cell(metrics: dict | None, column: str) -> str:
+def lab_cell(metrics: dict[str, Any] | None, column: str) -> str:
     """A GPU's mean in one of lab_columns."""
     have = columns_of(metrics or {})
     if column not in have:

@@ -20,6 +20,7 @@ from handler.runtime.errors import UserError
 from .analysis import _mean, _overall, _ratio, comm_config, first_comm_per_process, summarize
 from .comm import stragglers
 from .nsys import open_export
+from .record.parse import parse_summary
 from .scaling.run_facts import run_block
 from .scaling.machine import machine_of
 from .trace import load_trace
@@ -46,6 +47,7 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
     for name, export in exports:
         trace = load_trace(export)
         summary = summarize(trace, metrics)
+        parse_summary(summary, f"{name}'s summary", "report it, with the report, as a bug")  # the records' contract
         offset, started = clock_offset(export)
         marks = {p.pid: p.host for p in trace.processes}
         hostname = export_hostname(export)

@@ -4,7 +4,7 @@ from handler.runtime.names import DATA, DATA_GPU, OUTSIDE_TRAINING, PHASES
 from .analysis import GPU_PHASES
 from .bubble import markdown_lines
 from .gpu_metrics_render import sections as gpu_metric_sections
-from .scaling.epochs import line as measured_line, of_summary
+from .scaling.epochs import line as measured_line, of_written
 from .scaling.machine import machine_line
 
 NA = "n/a"
@@ -32,7 +32,7 @@ def one_line(summary: dict) -> str:
     if gpu:
         parts[0:1] = [f"data-stall {pct(overall['gpu_data_stall_share'] or 0.0)}",
                       f"{GPU_LABELS[DATA_GPU]} {pct(shares.get(DATA_GPU) or 0.0)}"]
-    parts.append(f"epoch {num(of_summary(summary)['s'])} s")  # the measured epoch, as every page's (scaling/epochs.py)
+    parts.append(f"epoch {num(of_written(summary)['s'])} s")  # the measured epoch, as every page's (scaling/epochs.py)
     if summary["gpu_trace"]:
         parts += [f"gpu idle {pct(overall['gpu_idle_share'])}", f"nccl {pct(overall['nccl_share'])}"]
     if overall.get("comm_share") is not None:
@@ -82,7 +82,7 @@ def markdown(summary: dict, title: str) -> str:
     window = summary.get("capture_window") or {}
     outside = ", ".join(f"{o['epoch']}: {num(o['metrics_s'])} s" for o in window.get("outside") or [])
     numbering = ("Epochs count from 0, as NVTX and --profile-epochs do; the console's epoch line shows N+1. "
-                 f"{measured_line(of_summary(summary), 'The measured epoch (what the lab page and the what-if use)')}.")
+                 f"{measured_line(of_written(summary), 'The measured epoch (what the lab page and the what-if use)')}.")
     lines += _section("Epoch time (s)", f"This report covers {covered(window)}; the others were not captured. "
                       f"Their times from the metrics JSON: {outside}. {numbering}" if outside else numbering,
                       *_epoch_table(ranks))

@@ -20,11 +20,12 @@ from handler.runtime.names import EPOCH
 from handler.runtime.out_folder import check_out_folder
 
 from .analysis import incomplete, summarize
-from .scaling.epochs import contract, of_summary
+from .scaling.epochs import contract, of_written
 from .scaling.machine import machine_of
 from .merge import markdown_lines as merge_lines
 from .merge import merge
 from .lab.metrics_file import read_metrics
+from .record.parse import parse_summary
 from .conventions import from_mapping
 from .lab.cells import is_kit_layout, lab_reports
 from .lab.page import build_lab, say_left_off
@@ -53,7 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_metrics(path: Path) -> dict:
-    return read_metrics(path)
+    """The run's metrics JSON, parsed (record/metrics.py: an odd field is named, with its path, before any
+    summary is written), as the data the analysis reads: what the file gave, no field added."""
+    return read_metrics(path).model_dump(by_alias=True, exclude_unset=True)
 
 
 def reports_of(paths: list[Path]) -> list[Path]:
@@ -117,7 +120,7 @@ def main(argv=None) -> None:
         analysis = summarize(trace, metrics, report=reports[0])
         analysis["machine"] = machine_of(export, analysis["ranks"], metrics, trace.processes)
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
-        analysis["measured_epoch"] = contract(of_summary(analysis))  # the window says which epoch warmed up
+        analysis["measured_epoch"] = contract(of_written(analysis))  # the window says which epoch warmed up
         name, title, extra = reports[0].stem, reports[0].name, []
         recorded = recorded_version(reports[0])
         summary = {"report": str(reports[0]), "nsys_export_version": nsys_version(),
@@ -127,7 +130,7 @@ def main(argv=None) -> None:
         analysis = merge([(r.name, sqlite_export(r, out_dir)) for r in reports], metrics)
         analysis["incomplete"] = incomplete(analysis["ranks"])
         analysis["capture_window"] = capture_window(analysis["ranks"], metrics)
-        analysis["measured_epoch"] = contract(of_summary(analysis))  # as summarize's (scaling/epochs.py)
+        analysis["measured_epoch"] = contract(of_written(analysis))  # as summarize's (scaling/epochs.py)
         name = job_name(reports)
         title, extra = f"job {name} ({len(reports)} reports)", merge_lines(analysis)
         summary = {"report": [str(r) for r in reports], "nsys_export_version": nsys_version(),
@@ -140,10 +143,12 @@ def main(argv=None) -> None:
                  else []) + ([f"Cut short: {summary['incomplete']['line']}."] if summary["incomplete"] else []):
         head, _, rest = page.partition("\n\n")
         page = f"{head}\n\n{note}\n\n{rest}"
+    record = parse_summary(summary, f"the summary of {title}", "the report built a summary that breaks its contract "
+                           "(docs/summary.schema.json): report it, with the report, as a bug")
     out_dir.mkdir(parents=True, exist_ok=True)
     page = shown(page)
     (out_dir / f"{name}.summary.md").write_text(page)
-    (out_dir / f"{name}.summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / f"{name}.summary.json").write_text(json.dumps(record.model_dump(mode="json", by_alias=True), indent=2))
     print(summary["one_line"] if args.brief else page, flush=True)
 
 

@@ -9,26 +9,27 @@ the machine (cores, loader workers) is what the summary's `machine` block read, 
 report of 2 or more GPUs measured, else assumed and said so (scaling/links.py).
 docs/PROFILING.md ("What-if") says how and why.
 """
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
+from typing import TypedDict, cast
 
 from handler.runtime.errors import OneLineParser, UserError, one_line_errors, shown
 
 from .scaling.links import (CPU_LINK, FAST_NODE_LINK, NODE_LINK, P2P_LINK, THROUGH_HOST_LINK, Link, measured,
                             parse_link, payload)
 from .scaling.epochs import could_move, line as epoch_line
-from .scaling.facts import (GRAD_MB, RESNET18_GRAD_MB, gpus_read, gradients, harness_mode, machine_read,
-                            nodes_of, pipeline_of, shape_of)
-from .scaling.scale import PP_MICROBATCHES, Setting, predict
+from .scaling.facts import (GRAD_MB, RESNET18_GRAD_MB, Nodes, gpus_read, gradients, harness_mode, job_split,
+                            machine_read, nodes_of, shape_of)
+from .scaling.links import Payload
+from .scaling.scale import PP_MICROBATCHES, Cell, Setting, predict
 from .scaling.cores import cores_of, says
-from .scaling.step import RESOURCES, Split, split_of
+from .scaling.step import RESOURCES, Split
 
 from .lab.metrics_file import read_json
-from .lab.summary_check import check_summary
 from .nsys import REPORT_SUFFIXES
+from .record.parse import parse_summary
+from .record.summary import Machine, Summary
 
 COUNTS = (1, 2, 4, 8)  # the lab matrix's process counts
 MODEL_SECTION = "docs/PROFILING.md#the-what-ifs-model"
@@ -40,32 +41,53 @@ def gradient_mb(model: str | None) -> float:
     return GRAD_MB.get(model or "", RESNET18_GRAD_MB)
 
 
-def mode_of(summary: dict, split: Split) -> str:
+class Prediction(TypedDict):
+    """What `predictions` found: the split it started from, the mode, the links, what a step sends, the
+    machine, the cells at every count (and over the alternative links where one was assumed)."""
+    split: Split
+    mode: str
+    harness_mode: str
+    mode_from: str
+    link: Link
+    between: Link | None
+    nodes: Nodes
+    sent: Payload
+    grad_mb: float
+    grad_from: str
+    machine: Machine
+    cells: list[Cell]
+    through_host: list[Cell] | None
+    fast_nodes: list[Cell] | None
+    micro_from: str | None
+    factors: dict[int, float]
+
+
+def mode_of(summary: Summary, split: Split) -> str:
     """The what-if's shape of the run: dp (one process drives every GPU), pp (stages), else ddp."""
     return shape_of(harness_mode(summary, split)[0])
 
 
-def run_mode(summary: dict) -> str | None:
+def run_mode(summary: Summary) -> str | None:
     """The harness's mode a report ran, where its run block, the page's cell or its name says it."""
-    mode, said = harness_mode(summary, split_of(summary)) if summary.get("ranks") else ("ddp", "assumed")
+    mode, said = harness_mode(summary, job_split(summary)[0])
     return None if said.startswith("assumed") else mode
 
 
-def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb: float | None = None,
-                mode: str | None = None, factors: dict | None = None, between: Link | None = None,
-                per_node: int = 0) -> dict:
+def predictions(summary: Summary | dict[str, object], counts: tuple[int, ...] = COUNTS, link: Link | None = None,
+                grad_mb: float | None = None, mode: str | None = None, factors: dict[int, float] | None = None,
+                between: Link | None = None, per_node: int = 0) -> Prediction:
     """{"split", "mode", "link", "between", "sent", "machine", "cells", "through_host"}: the report's own
     count and every count asked for; "through_host": the same cells over THROUGH_HOST_LINK where the
     GPU link was assumed (else None). mode: the caller's (the lab page's row, compare's cell), read
     after the run's own; `between`: the link between nodes (a --link of a job of several nodes, whose
-    nodes held `per_node` GPUs)."""
-    split = split_of(summary)
+    nodes held `per_node` GPUs). A dict is parsed first (record/parse.py)."""
+    summary = parse_summary(summary, "the summary")
+    split, micro_from = job_split(summary)
     gpus_read(split, summary)
     harness, mode_from = harness_mode(summary, split, mode)
-    split, micro_from = pipeline_of(split, summary)
     shape = shape_of(harness)
     grad, grad_from, model = gradients(summary, grad_mb)
-    sent = payload(grad, model, summary.get("comm_config"), split.buckets, harness)
+    sent = payload(grad, model, summary.comm_config, split.buckets, harness)
     nodes = nodes_of(summary, split, per_node)
     own_link = measured(split, summary, sent, "from this report's communication")
     if nodes.nodes > 1 and own_link:  # a job's ring across its nodes is bound by the link between them
@@ -74,11 +96,11 @@ def predictions(summary: dict, counts=COUNTS, link: Link | None = None, grad_mb:
     chosen = link or own_link or (P2P_LINK if split.gpu else CPU_LINK)
     spans = any(nodes.at(n) > 1 for n in counts)
     between = between or (NODE_LINK if spans else None)
-    machine = machine_read(summary.get("machine") or {})
+    machine = machine_read(summary.machine)
     own = split.devices if split.gpu else split.processes
     wanted = sorted({own, *counts})
 
-    def cells(over: Link, across: Link | None = between) -> list:
+    def cells(over: Link, across: Link | None = between) -> list[Cell]:
         setting = Setting(shape, over, sent, machine, factors or {}, across, nodes.per_node)
         return [predict(split, n, setting) for n in wanted]
     alternative = cells(THROUGH_HOST_LINK) if split.gpu and chosen.assumed and shape != "pp" else None
@@ -93,7 +115,7 @@ def devices(n: int, gpu: bool) -> str:
     return f"{n} GPU{'s' if n > 1 else ''}" if gpu else f"{n} CPU process{'es' if n > 1 else ''}"
 
 
-def fact_rows(found: dict) -> list[tuple[str, str, str]]:
+def fact_rows(found: Prediction) -> list[tuple[str, str, str]]:
     """What the prediction read and what it assumed: (fact, value, where it was read)."""
     m, link, split, nodes, between = found["machine"], found["link"], found["split"], found["nodes"], found["between"]
     rows = [("mode", found["harness_mode"], found["mode_from"]),
@@ -104,14 +126,15 @@ def fact_rows(found: dict) -> list[tuple[str, str, str]]:
             rows.append(("link between nodes", f"{_rate(between)}: a ring across nodes rides it", between.source))
     rows.append(("sent a step", "no all-reduce (pp)", "the mode") if found["mode"] == "pp" else
                 ("sent a step", found["sent"].says, found["grad_from"]))
-    host = f" (the host has {m['host_cores']})" if m.get("host_cores") and m["host_cores"] != m.get("cpu_cores") else ""
-    rows.append(("CPU cores", f"{m['cpu_cores']}{host}", m.get("cpu_cores_from") or "not said") if m.get("cpu_cores")
-                else ("CPU cores", "not recorded", (f"{m['cpu_cores_from']}; " if (m.get("cpu_cores_from") or "not recorded")
-                                                    != "not recorded" else "") + "assumed: every loader gets cores of its own"))
-    rows.append(("loader workers per process", f"{m['loader_workers']:g}", m.get("loader_workers_from") or "not said")
-                if m.get("loader_workers") is not None else
+    host = f" (the host has {m.cpu_cores})" if m.rank_cores and m.cpu_cores and m.cpu_cores != m.rank_cores else ""
+    said = f"the ranks' cores, {m.rank_cores_from or 'recorded'}" if m.rank_cores else m.cpu_cores_from
+    not_said = "" if m.cpu_cores_from == "not recorded" else f"{m.cpu_cores_from}; "
+    rows.append(("CPU cores", f"{cores_of(m)}{host}", said) if cores_of(m) else
+                ("CPU cores", "not recorded", f"{not_said}assumed: every loader gets cores of its own"))
+    rows.append(("loader workers per process", f"{m.loader_workers:g}", m.loader_workers_from or "not said")
+                if m.loader_workers is not None else
                 ("loader workers per process", "not recorded",
-                 f"{m.get('loader_workers_from') or 'not recorded'}; assumed: 1 core per loader"))
+                 f"{m.loader_workers_from or 'not recorded'}; assumed: 1 core per loader"))
     if not split.gpu and found["mode"] != "dp":
         rows.append(("CPU compute at other counts", *_cpu_facts(m, found["factors"])))
     if found["mode"] == "dp":
@@ -119,7 +142,7 @@ def fact_rows(found: dict) -> list[tuple[str, str, str]]:
     return rows + _microbatches(found)
 
 
-def facts(found: dict) -> str:
+def facts(found: Prediction) -> str:
     """fact_rows as a markdown table."""
     return "\n".join(["| fact | value | where it was read |", "|---|---|---|",
                       *(f"| {fact} | {value} | {where} |" for fact, value, where in fact_rows(found))])
@@ -129,19 +152,19 @@ def _rate(link: Link) -> str:
     return "unbounded" if math.isinf(link.gbit) else f"{link.gbit:.3g} Gbit/s"
 
 
-def _microbatches(found: dict) -> list[tuple[str, str, str]]:
+def _microbatches(found: Prediction) -> list[tuple[str, str, str]]:
     pipe = found["split"].pipeline
     if found["mode"] != "pp" or not pipe:
         return []
-    if pipe.get("microbatches"):
-        return [("pp micro-batches", str(pipe["microbatches"]), found["micro_from"])]
+    if pipe.microbatches:
+        return [("pp micro-batches", str(pipe.microbatches), found["micro_from"] or "not said")]
     return [("pp micro-batches", str(PP_MICROBATCHES), "not recorded: the harness default assumed")]
 
 
-def _cpu_facts(m: dict, factors: dict) -> tuple[str, str]:
+def _cpu_facts(m: Machine, factors: dict[int, float]) -> tuple[str, str]:
     """Where a CPU run's compute at other counts came from (scale.cpu_compute's order): (value, where)."""
     measured = ", ".join(f"{n}: x{f:.2f}" for n, f in sorted(factors.items()))
-    if m.get("loader_cpu_ms") is not None and cores_of(m):
+    if m.loader_cpu_ms is not None and cores_of(m):
         shared = f"the cores shared by the ranks and their loaders: {says(m)}"
         if factors:
             return (f"{measured} of that share", f"{shared}; the threads' efficiency other reports here measured "
@@ -153,7 +176,7 @@ def _cpu_facts(m: dict, factors: dict) -> tuple[str, str]:
     return "held at other counts", f"no other report of this machine measured them; {says(m)}"
 
 
-def markdown(found: dict, title: str, measured_s: dict | None = None) -> list[str]:
+def markdown(found: Prediction, title: str, measured_s: dict[int, float] | None = None) -> list[str]:
     """A table of the predicted cells (beside `measured_s`: count -> epoch s, where known); below it
     the base's measured epoch (scaling/epochs.py) and, where it is noisy, how far each cell could move."""
     split = found["split"]
@@ -192,7 +215,7 @@ def bounds_legend() -> list[str]:
     return [f"- **{name}**: {what}" for name, what in RESOURCES.items()]
 
 
-def parse_counts(text: str) -> tuple:
+def parse_counts(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(int(c) for c in text.split(","))
     except ValueError:
@@ -209,9 +232,9 @@ def link_argument(text: str) -> tuple[Link, int]:
     if not text.endswith(".json"):
         return parse_link(text), 0
     other = load_summary(Path(text))
-    split = split_of(other)
+    split = job_split(other)[0]
     grad, _, model = gradients(other)
-    found = measured(split, other, payload(grad, model, other.get("comm_config"), split.buckets, run_mode(other)),
+    found = measured(split, other, payload(grad, model, other.comm_config, split.buckets, run_mode(other)),
                      f"from {Path(text).name}'s communication")
     if not found:
         raise UserError(f"--link {text}: that report ran one process or recorded no communication, so it measures "
@@ -220,15 +243,16 @@ def link_argument(text: str) -> tuple[Link, int]:
     return found, nodes.per_node if nodes.nodes > 1 else 0
 
 
-def load_summary(path: Path) -> dict:
+def load_summary(path: Path) -> Summary:
     data = _summary_json(path)
-    if isinstance(data, dict) and {"config", "epochs"} <= data.keys() and "ranks" not in data:
+    keys = {str(k) for k in cast(dict[object, object], data)} if isinstance(data, dict) else set[str]()
+    if {"config", "epochs"} <= keys and "ranks" not in keys:
         raise UserError(f"{path} is the run's metrics JSON (train_cifar.py --metrics), not a profile summary; "
                         f"{SUMMARISE} on the run's report and pass the .summary.json it writes")
-    summary = check_summary(data, str(path))
-    cut = summary.get("incomplete")
-    if cut and not cut["complete_epochs"]:
-        raise UserError(f"{path}: {cut.get('line') or 'the run ended before its first epoch did'}: nothing to predict "
+    summary = parse_summary(cast(object, data), str(path))
+    cut = summary.incomplete
+    if cut and not cut.complete_epochs:
+        raise UserError(f"{path}: {cut.line or 'the run ended before its first epoch did'}: nothing to predict "
                         "from; profile a run that finishes at least one epoch")
     return summary
 
@@ -236,7 +260,7 @@ def load_summary(path: Path) -> dict:
 SUMMARISE = "run python -m handler.profiling.report"
 
 
-def _summary_json(path: Path):
+def _summary_json(path: Path) -> object:
     """The summary file's JSON; UserError saying what the path is instead."""
     fix = "pass a .summary.json written by python -m handler.profiling.report"
     if path.is_dir():
@@ -251,7 +275,7 @@ def _summary_json(path: Path):
     return read_json(path, str(path), fix)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m handler.profiling.whatif", description=(__doc__ or "").split("\n")[0])
     p.add_argument("summary", type=Path, help="a .summary.json from python -m handler.profiling.report")
     p.add_argument("--gpus", default=",".join(map(str, COUNTS)), help="counts to predict (default 1,2,4,8)")

@@ -71,7 +71,7 @@ def shown(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def too_long(name) -> str:
+def too_long(name: object) -> str:
     """The one line for a path the file system refuses as too long (ENAMETOOLONG): its longest name, cut
     in the middle, and how long it is."""
     longest = max(os.fsencode(str(name or "")).split(b"/"), key=len, default=b"")

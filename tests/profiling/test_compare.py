@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import ROOT, run_cli
+from tests.profiling.model.summaries import whole
 from handler.compare.cells import DP_CPU_SKIP, Cell, Variant, build_variants, default_counts, matrix, parse_variant
 from handler.compare.results import build_rows
 from handler.compare.runner import Outcome, last_error_line
@@ -132,7 +133,7 @@ def _outcome(label, count, epoch_times, profile=None, phase_s=None):
     epochs = [{"time_s": t, "images_per_s": 100 / t, "data_wait_s": 0.1 * t,
                **({"phase_s": phase_s} if phase_s else {})} for t in epoch_times]
     return Outcome(Cell(Variant(label, "ddp"), count), "ok", exit_code=0,
-                   metrics={"epochs": epochs, "test": {"acc": 0.5}}, profile=profile)
+                   metrics={"epochs": epochs, "test": {"acc": 0.5}}, profile=whole(profile) if profile else None)
 
 
 def test_scaling_uses_steady_epochs_against_the_smallest_count():

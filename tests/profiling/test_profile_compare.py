@@ -8,6 +8,7 @@ from handler.compare.plots import write_plots
 from handler.compare.results import build_rows
 from handler.compare.runner import Outcome, cell_environment, reproduce_line
 from handler.runtime.errors import UserError
+from tests.profiling.model.summaries import whole
 
 GPU_SUMMARY = {"overall": {"phase_shares": {"data": 0.01, "h2d": 0.0, "forward": 0.2, "backward": 0.3,
                                             "optimizer": 0.05},
@@ -21,7 +22,7 @@ def gpu_outcome(mode, count, sm_active, pcie_tx):
                                        "pcie_tx_mbps": {"mean": pcie_tx, "p95": pcie_tx}}}} for r in range(count)]
     epochs = [{"time_s": 2.0, "images_per_s": 50.0, "data_wait_s": 0.1}]
     return Outcome(Cell(Variant(mode, mode), count), "ok", exit_code=0,
-                   metrics={"epochs": epochs, "test": {"acc": 0.5}}, profile={**GPU_SUMMARY, "ranks": ranks})
+                   metrics={"epochs": epochs, "test": {"acc": 0.5}}, profile=whole({**GPU_SUMMARY, "ranks": ranks}))
 
 
 def test_gpu_runs_compare_gpu_time_per_phase_with_data_as_the_gpu_sees_it():

@@ -109,8 +109,8 @@ def test_report_of_a_folder_writes_one_job_summary_naming_both_hosts(job, tmp_pa
     assert "rank 0 (node1)" in page and "rank 1 (node2)" in page
     summary = json.loads((tmp_path / "77.summary.json").read_text())
     assert sorted(summary["hosts"]) == ["node1", "node2"] and summary["stragglers"]["most_often_last_host"]
-    from handler.profiling.lab.summary_check import check_summary
-    assert check_summary(summary, "77.summary.json")["run"]["nodes"] == 2  # the job's summary keeps the contract
+    from handler.profiling.record.parse import parse_summary
+    assert parse_summary(summary, "77.summary.json").run.nodes == 2  # the job's summary keeps the contract
     assert [g["host"] for g in summary["gpus"]] == ["node1", "node2"]
 
 
@@ -129,7 +129,7 @@ def test_profiled_slurm_job_without_nsys_fails_in_one_line_before_starting(tmp_p
 
 def test_a_two_node_job_keeps_every_nodes_gpus_with_its_host_its_model_and_run_and_is_a_valid_summary(job, tmp_path):
     """Before, a merged job's summary had no `gpus` and no model: its what-if predicted a CPU run."""
-    from handler.profiling.lab.summary_check import check_summary
+    from handler.profiling.record.parse import parse_summary
     from handler.profiling.whatif import markdown, predictions
     _, _, reports = job
     metrics = {"config": {"mode": "ddp", "model": "resnet18", "comm_hook": "fp16"}, "model": {"grad_mb": 44.696},
@@ -141,7 +141,7 @@ def test_a_two_node_job_keeps_every_nodes_gpus_with_its_host_its_model_and_run_a
     run = merged["run"]
     assert (run["mode"], run["nodes"], run["gpus_per_node"], run["processes"], run["grad_mb"]) == ("ddp", 2, 1, 2, 44.696)
     assert merged["machine"]["cpu_cores"] == 18 and merged["machine"]["rank_cores"] == 6
-    found = predictions(check_summary(json.loads(json.dumps(merged)), "77.summary.json"), (2, 4))
+    found = predictions(parse_summary(json.loads(json.dumps(merged)), "77.summary.json"), (2, 4))
     assert found["split"].gpu and found["split"].devices == 2
     # the what-if reads the job as the user ran it: GPUs, two nodes, its ring across them on the link between
     assert found["harness_mode"] == "ddp" and found["nodes"].nodes == 2 and found["between"] is not None

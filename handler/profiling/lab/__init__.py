@@ -1,4 +1,3 @@
 """The lab page over a folder of reports (page.py), the cell each report belongs to (cells.py) and its
-figures (figures.py), docs/PROFILING.md "The lab page"; the check of a summary JSON against its contract,
-docs/summary.schema.json, before any reader uses it (summary_check.py), and of a run's metrics JSON the
-report reads (metrics_file.py)."""
+figures (figures.py), docs/PROFILING.md "The lab page"; the what-if over a folder (whatif_folder.py), and
+the reading of a run's metrics JSON (metrics_file.py) into its record (handler/profiling/record/)."""

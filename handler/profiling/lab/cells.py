@@ -6,9 +6,11 @@ what ran.
 """
 import re
 from pathlib import Path
+from typing import Any
 
 from handler.runtime.errors import UserError
 
+from ..record.metrics import Metrics
 from .metrics_file import read_metrics
 from ..nsys import no_reports, reports_in
 
@@ -24,9 +26,9 @@ def is_kit_layout(path: Path) -> bool:
                                  for sub in path.iterdir())
 
 
-def lab_reports(paths: list[Path]) -> list[dict]:
+def lab_reports(paths: list[Path]) -> list[dict[str, Any]]:
     """[{"report", "mode", "gpus"}] for the reports named, the kit's folders opened."""
-    reports = []
+    reports: list[Path] = []
     for path in paths:
         if is_kit_layout(path):
             reports += [r for sub in sorted(s for s in path.iterdir() if s.is_dir() and KIT_FOLDER.match(s.name))
@@ -41,7 +43,7 @@ def lab_reports(paths: list[Path]) -> list[dict]:
     return [_cell_of(report) for report in reports]
 
 
-def _cell_of(report: Path) -> dict:
+def _cell_of(report: Path) -> dict[str, Any]:
     """The kit's layout names the cell (the run asked for gpu_<N>, whatever ran); elsewhere the
     run's metrics JSON, then the file name."""
     folder, count = KIT_FOLDER.match(report.parent.name), KIT_FILE.fullmatch(report.stem)
@@ -54,26 +56,27 @@ def _cell_of(report: Path) -> dict:
             "gpus": int(count.group("a") or count.group("b")) if count else None, **_from_metrics(report)}
 
 
-def _from_metrics(report: Path) -> dict:
+def _from_metrics(report: Path) -> dict[str, str | int]:
     """{"mode", "gpus", "model"} from the run's metrics JSON beside the report (`<name>.metrics.json`,
     scripts/launch.sh writes it there), which knows them exactly; {} without a readable one."""
-    config = metrics_beside(report).get("config")
-    config = config if isinstance(config, dict) else {}
-    found = {"mode": config.get("mode"), "gpus": config.get("num_gpu"), "model": config.get("model")}
+    metrics = metrics_beside(report)
+    if metrics is None:
+        return {}
+    found = {"mode": metrics.config.mode, "gpus": metrics.config.num_gpu, "model": metrics.config.model}
     return {k: v for k, v in found.items() if v}
 
 
-def metrics_beside(report: Path, strict: bool = False) -> dict:
-    """The run's metrics JSON beside its report; {} without one. One that cannot be used (damaged,
-    another file's JSON): {} for the cell, which then comes from the file name; with strict, UserError
+def metrics_beside(report: Path, strict: bool = False) -> Metrics | None:
+    """The run's metrics JSON beside its report, parsed; None without one. One that cannot be used (damaged,
+    another file's JSON): None for the cell, which then comes from the file name; with strict, UserError
     naming it (page.py leaves that report off the page, saying why)."""
     path = report.with_name(report.name.split(".")[0] + ".metrics.json")
     if not path.exists():
-        return {}
+        return None
     try:
         return read_metrics(path, f"it lies beside {report.name} as its run's metrics: fix it, or move it away "
                                   "to read the report without it")
     except UserError:
         if strict:
             raise
-        return {}
+        return None

@@ -7,6 +7,7 @@ the figure holds the bands alone. The values come from the one pass over the exp
 (gpu_metrics_summary.window_samples). The returned dict, stored in lab.json, lists what was drawn,
 read back from the figure itself.
 """
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ NONE = Chunk(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(
 __all__ = ["STEADY_STEPS", "draw", "window"]
 
 
-def draw(trace: Trace, path: Path, title: str) -> dict:
+def draw(trace: Trace, path: Path, title: str) -> dict[str, Any]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -14,21 +14,28 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any, TypedDict
+
+from pydantic import BaseModel
 
 from handler.runtime.errors import UserError, shown
 from handler.runtime.names import EPOCH
 
 from ..analysis import summarize
 from .figures import draw
-from ..gpu_metrics_render import lab_cell, lab_columns, report_overlap
+from ..gpu_metrics_render import lab_cell, lab_columns
 from ..nsys import sqlite_export
 from ..trace import Trace, load_trace
 from ..scaling.epochs import RULE as EPOCH_RULE, of_summary, short as epoch_note
+from ..scaling.epochs import Measured
+from ..scaling.facts import job_split
 from ..scaling.links import hook_of
 from ..scaling.machine import machine_of
-from ..scaling.step import bound_of, own_terms, split_of, step_of
+from ..scaling.step import bound_of, own_terms, step_of
+from ..record.metrics import Metrics
+from ..record.parse import parse_summary
+from ..record.summary import CommConfig, Incomplete, Machine, PcieOverlap, Run, Summary, Unplaced
 from .whatif_folder import lab_section
-from .summary_check import check_summary
 from ..scaling.run_facts import run_block
 from .cells import metrics_beside
 
@@ -44,10 +51,42 @@ BOUND_RULE = ("The bound is what remains of one epoch with a loader that keeps u
               "exposed communication).")
 
 
-def verdict(summary: dict) -> dict:
+class LabRow(TypedDict):
+    """A report's row of the page (lab.json's `reports`, less `summary`): its cell, what ran, the measured
+    epoch, the verdict, and the parsed summary the what-if reads (whatif_folder.py)."""
+    summary: Summary
+    report: str
+    mode: str
+    model: str | None
+    gpus: int
+    unit: str
+    cell: str
+    ran: str
+    processes: int
+    gpus_ran: int
+    convention: object
+    epoch_s: float | None
+    measured_epoch: Measured
+    incomplete: Incomplete | None
+    ranks: list[dict[str, Any]]
+    gpu_table: list[dict[str, Any]] | None
+    verdict: dict[str, Any]
+    machine: Machine
+    comm_config: CommConfig | None
+    run: Run | None
+    pcie_overlap: PcieOverlap | None
+    gpu_metrics_unplaced: Unplaced | None
+    figure: dict[str, Any]
+    speedup: float | None
+    speedup_over_gpus: int | None
+    name: str
+
+
+def verdict(summary: Summary | dict[str, object]) -> dict[str, Any]:
     """The bound of one epoch and one line for a report, from its slowest rank (BOUND_RULE says how)."""
+    summary = parse_summary(summary, "the summary")
     try:
-        split = split_of(summary)
+        split = job_split(summary)[0]
     except UserError as err:
         return {"bound_s": None, "bound": None, "line": f"no bound: {err}"}
     terms = own_terms(split)
@@ -77,18 +116,18 @@ def _share(part: float, whole: float) -> str:
     return f"{part / whole * 100:.0f} %" if whole else "n/a"
 
 
-def write_cells_lab(cells: list[tuple[str, int, Path, dict | None]], out: Path) -> Path | None:
+def write_cells_lab(cells: list[tuple[str, int, Path, Metrics | None]], out: Path) -> Path | None:
     """The lab page of a comparison (handler.compare): (label, process count, report, the run's
     metrics) per profiled cell that finished, so each cell's what-if takes its own model's
     gradients; the report's .sqlite export stands in where only it is left. A cell whose report
     cannot be read is left off the page and named on it; with none readable the page is not
     written, and one line says why."""
-    entries = []
+    entries: list[dict[str, Any]] = []
     for label, count, report, metrics in cells:
         found = report if report.is_file() else report.with_suffix(".sqlite")
         if found.is_file():
             entries.append({"report": found, "mode": label, "gpus": count, "metrics": metrics,
-                            "model": ((metrics or {}).get("config") or {}).get("model")})
+                            "model": metrics.config.model if metrics else None})
     if not entries:
         return None
     try:
@@ -99,7 +138,7 @@ def write_cells_lab(cells: list[tuple[str, int, Path, dict | None]], out: Path) 
     return out / "lab.md"
 
 
-def write_lab(entries: list[dict], out: Path, convention=None) -> str:
+def write_lab(entries: list[dict[str, Any]], out: Path, convention: Any = None) -> str:
     """Writes out/lab.md, out/lab.json and the figures; returns the page. A report that cannot
     be read is left off: the page's "Reports left off" and lab.json's `left_off` name it and why,
     and so does one loud line each on stderr (say_left_off). UserError (no page) when none can be read."""
@@ -108,7 +147,7 @@ def write_lab(entries: list[dict], out: Path, convention=None) -> str:
     return page
 
 
-def say_left_off(left_off: list[dict], total: int, out: Path) -> None:
+def say_left_off(left_off: list[dict[str, str]], total: int, out: Path) -> None:
     """One line on stderr per report left off the page, and how many; nothing when none was."""
     for bad in left_off:
         print(f"lab page: LEFT OFF: {shown(bad['why'])}", file=sys.stderr, flush=True)
@@ -117,10 +156,12 @@ def say_left_off(left_off: list[dict], total: int, out: Path) -> None:
               f"{out / 'lab.md'}); the page covers the other {total - len(left_off)}", file=sys.stderr, flush=True)
 
 
-def build_lab(entries: list[dict], out: Path, convention=None) -> tuple[str, list[dict]]:
+def build_lab(entries: list[dict[str, Any]], out: Path, convention: Any = None) -> tuple[str, list[dict[str, str]]]:
     """write_lab's work, saying nothing: the page and the reports left off ({"report", "why"})."""
     out.mkdir(parents=True, exist_ok=True)
-    rows, left_off, exports = [], [], _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
+    rows: list[LabRow] = []
+    left_off: list[dict[str, str]] = []
+    exports = _unique([f"{e['report'].parent.name}_{e['report'].stem}" for e in entries])
     try:
         for entry, export in zip(entries, exports):
             try:
@@ -147,46 +188,70 @@ def build_lab(entries: list[dict], out: Path, convention=None) -> tuple[str, lis
             (out / f".{export}.png").unlink(missing_ok=True)
     for row in rows:
         base = min((r for r in rows if r["mode"] == row["mode"] and r["epoch_s"]), key=lambda r: r["gpus"], default=None)
-        row["speedup"] = base["epoch_s"] / row["epoch_s"] if base and row["epoch_s"] else None
+        row["speedup"] = base_s / own if base and (base_s := base["epoch_s"]) and (own := row["epoch_s"]) else None
         row["speedup_over_gpus"] = base["gpus"] if base else None
     rows.sort(key=lambda r: (r["mode"], r["gpus"]))
-    (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": rows,
+    (out / "lab.json").write_text(json.dumps({"schema": 1, "bound_rule": BOUND_RULE, "reports": [_saved(r) for r in rows],
                                               "left_off": left_off}, indent=2))
     page = shown("\n".join(_page(rows, left_off) + lab_section(rows)))
     (out / "lab.md").write_text(page)
     return page, left_off
 
 
-def _row(entry: dict, exports: Path, convention) -> tuple[dict, Trace]:
+def _row(entry: dict[str, Any], exports: Path, convention: Any) -> tuple[LabRow, Trace]:
     """One report's row of the page, and its trace for the figure. UserError when it cannot be read."""
     sqlite = sqlite_export(entry["report"], exports)
     metrics = entry.get("metrics") or metrics_beside(entry["report"], strict=True)
+    data = metrics.model_dump(by_alias=True, exclude_unset=True) if metrics else None  # the report's writer reads it as data
     trace = load_trace(sqlite, convention)
-    summary = summarize(trace, report=entry["report"])  # metrics as data only: summarize's hook defaults import torch
-    summary["run"] = run_block(summary, metrics, entry["report"])  # the run's own facts from its metrics first
-    return summary_row(summary, entry, machine_of(sqlite, summary["ranks"], metrics, trace.processes), metrics), trace
+    written = summarize(trace, report=entry["report"])  # metrics as data only: summarize's hook defaults import torch
+    written["run"] = run_block(written, data, entry["report"])  # the run's own facts from its metrics first
+    written["machine"] = machine_of(sqlite, written["ranks"], data, trace.processes)
+    summary = parse_summary(written, str(entry["report"]), "the report's summary breaks its contract "
+                            "(docs/summary.schema.json): report it, with the report, as a bug")
+    return summary_row(summary, entry, metrics), trace
 
 
-def summary_row(summary: dict, entry: dict, machine: dict, metrics: dict | None) -> dict:
-    """A report's row of the page from its summary: {"report", "mode", "gpus", "model"} of `entry`, the
-    machine block and the run's metrics. handler.compare builds its rows here too (from each cell's
+RANK_FIELDS = {"rank", "epochs", "loop", "setup", "setup_libraries", "nccl_ranges", "comm", "pipeline"}
+
+
+def summary_row(summary: Summary | dict[str, object], entry: dict[str, Any], metrics: Metrics | None = None) -> LabRow:
+    """A report's row of the page from its parsed summary (a dict is parsed first): {"report", "mode", "gpus",
+    "model"} of `entry` and the run's metrics. handler.compare builds its rows here too (from each cell's
     summary JSON), so both pages measure and predict a cell alike (whatif_folder.folder_predictions)."""
-    ran_gpus, processes = len(summary["gpus"] or ()), len(summary["ranks"])
+    summary = parse_summary(summary, str(entry["report"]))
+    ran_gpus, processes = len(summary.gpus or ()), len(summary.ranks)
     gpus = entry["gpus"] or ran_gpus or processes
     unit = "GPU" if ran_gpus else "CPU process"
     measured = of_summary(summary)
-    check_summary({**summary, "machine": machine}, str(entry["report"]))  # the contract the what-if reads
-    return {"report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"), "gpus": gpus,
-            "unit": unit, "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus), "processes": processes,
-            "gpus_ran": ran_gpus, "convention": summary.get("convention"), "epoch_s": measured["s"],
-            "measured_epoch": measured, "incomplete": summary.get("incomplete"),
-            "ranks": [{"rank": r["rank"], "epochs": r.get("epochs"), "loop": r["loop"], "setup": r.get("setup"),
-                       "setup_libraries": r.get("setup_libraries"), "nccl_ranges": r.get("nccl_ranges"),
-                       "comm": r.get("comm"), "pipeline": r.get("pipeline")}
-                      for r in summary["ranks"]],
-            "gpu_table": summary["gpus"], "verdict": verdict(summary), "machine": machine,
-            "pcie_overlap": report_overlap(summary), "gpu_metrics_unplaced": summary.get("gpu_metrics_unplaced"),
-            "comm_config": hook_of(metrics), "run": summary.get("run")}
+    summary = summary.model_copy(update={"run_mode": entry["mode"], "report": str(entry["report"]),
+                                         "comm_config": hook_of(metrics), "model": entry.get("model")})
+    return {"summary": summary, "report": str(entry["report"]), "mode": entry["mode"], "model": entry.get("model"),
+            "gpus": gpus, "unit": unit, "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus),
+            "processes": processes, "gpus_ran": ran_gpus, "convention": getattr(summary, "convention", None),
+            "epoch_s": measured["s"], "measured_epoch": measured, "incomplete": summary.incomplete,
+            "ranks": [r.model_dump(include=RANK_FIELDS) for r in summary.ranks],
+            "gpu_table": [g.model_dump() for g in summary.gpus] if summary.gpus else None,
+            "verdict": verdict(summary), "machine": summary.machine or Machine(),
+            "comm_config": summary.comm_config, "run": summary.run, "pcie_overlap": report_overlap(summary),
+            "gpu_metrics_unplaced": summary.gpu_metrics_unplaced, "figure": {}, "speedup": None,
+            "speedup_over_gpus": None, "name": ""}
+
+
+def report_overlap(summary: Summary) -> PcieOverlap | None:
+    """The PCIe overlap of a whole report, every rank's GPUs pooled; None where no GPU sampled both directions."""
+    found = [o for r in summary.ranks for o in (r.pcie_overlap or {}).values()]
+    if not found:
+        return None
+    tx, both = sum(o.tx_busy_samples for o in found), sum(o.both_busy_samples for o in found)
+    return PcieOverlap(tx_busy_samples=tx, both_busy_samples=both, share=both / tx if tx else None,
+                       busy_at=found[0].busy_at)
+
+
+def _saved(row: LabRow) -> dict[str, Any]:
+    """lab.json's entry of a row: its fields as JSON, the parsed summary left out (its report's own)."""
+    return {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
+            for k, v in row.items() if k != "summary"}
 
 
 def _remove_empty(*folders: Path) -> None:
@@ -203,7 +268,7 @@ def _ran(processes: int, gpus: int) -> str:
     return _count(gpus, "GPU") if gpus == processes else f"{_count(processes, 'process')} on {_count(gpus, 'GPU')}"
 
 
-def _apart(rows: list[dict]) -> None:
+def _apart(rows: list[LabRow]) -> None:
     """Two reports in one cell (mode, count) both get their report's folder and name beside the
     mode; then every row's name (its figure's file) is made unique and safe for a file name."""
     cells = [(r["mode"], r["gpus"]) for r in rows]
@@ -233,25 +298,25 @@ def _count(n: int, unit: str) -> str:
     return f"{n} {unit}" + ("" if n == 1 else "es" if unit.endswith("s") else "s")
 
 
-def _label(row: dict) -> str:
+def _label(row: LabRow) -> str:
     """The cell as the page names it, and what ran where that differs: "2 CPU processes (ran 1 CPU process)"."""
     return row["cell"] + ("" if row["ran"] == row["cell"] else f" (ran {row['ran']})")
 
 
-def _num(x, digits=2) -> str:
+def _num(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def _pct(x) -> str:
+def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.1f} %"
 
 
-def _column(rows: list[dict], count: int) -> str:
+def _column(rows: list[LabRow], count: int) -> str:
     units = {r["unit"] for r in rows if r["gpus"] == count}
     return _count(count, units.pop()) if len(units) == 1 else f"{_count(count, 'GPU')} or {_count(count, 'CPU process')}"
 
 
-def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
+def _page(rows: list[LabRow], left_off: list[dict[str, str]]) -> list[str]:
     modes, counts = sorted({r["mode"] for r in rows}), sorted({r["gpus"] for r in rows})
     cell = {(r["mode"], r["gpus"]): r for r in rows}
     lines = ["# Lab profiles", ""]
@@ -272,7 +337,7 @@ def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
             if (c := cell.get((mode, n))) else "" for n in counts) + " |")
     lines += ["", "## Verdicts", "", "One line a report: its bound for one epoch, how it is found in "
               "[the lab page's docs](docs/PROFILING.md#the-lab-page) (and lab.json's `bound_rule`).", ""]
-    lines += [f"- **{r['mode']}, {_label(r)}**: " + (f"cut short: {r['incomplete']['line']}; " if r.get("incomplete") else "")
+    lines += [f"- **{r['mode']}, {_label(r)}**: " + (f"cut short: {cut.line}; " if (cut := r["incomplete"]) else "")
               + f"{r['verdict']['line']}." for r in rows]
     lines += _gpu_tables(rows)
     lines += ["", "## Figures", "", "| " + " | ".join(r["name"] for r in rows) + " |", "|---" * len(rows) + "|",
@@ -280,27 +345,26 @@ def _page(rows: list[dict], left_off: list[dict]) -> list[str]:
     return lines
 
 
-def _metric_lines(rows: list[dict]) -> list[str]:
+def _metric_lines(rows: list[LabRow]) -> list[str]:
     """Per report with GPU metrics: the PCIe overlap (docs/PROFILING.md) and one line per kind of value it could not place."""
-    lines = []
+    lines: list[str] = []
     for r in rows:
-        overlap = r.get("pcie_overlap")
-        if overlap:
-            share = overlap["share"]
-            lines.append(f"- {r['name']}: PCIe RX busy during {_pct(share)} of the time TX is busy ({overlap['busy_at']}; "
-                         f"{overlap['tx_busy_samples']} TX-busy samples)" if share is not None else
-                         f"- {r['name']}: PCIe TX never busy ({overlap['busy_at']}) inside the epochs")
-        lines += [f"- {r['name']}: {line}" for line in (r.get("gpu_metrics_unplaced") or {}).get("lines") or ()]
+        if overlap := r["pcie_overlap"]:
+            lines.append(f"- {r['name']}: PCIe RX busy during {_pct(overlap.share)} of the time TX is busy "
+                         f"({overlap.busy_at}; {overlap.tx_busy_samples} TX-busy samples)" if overlap.share is not None
+                         else f"- {r['name']}: PCIe TX never busy ({overlap.busy_at}) inside the epochs")
+        unplaced = r["gpu_metrics_unplaced"]
+        lines += [f"- {r['name']}: {line}" for line in (unplaced.lines if unplaced else ())]
     return ["", *lines] if lines else []
 
 
-def _cut_note(row: dict) -> str:
+def _cut_note(row: LabRow) -> str:
     """", cut short in epoch 3" beside the epoch time of a run that ended inside an epoch."""
-    cut = row.get("incomplete")
-    return f", cut short in {EPOCH(cut['epoch'])}" if cut else ""
+    cut = row["incomplete"]
+    return f", cut short in {EPOCH(cut.epoch)}" if cut else ""
 
 
-def _gpu_tables(rows: list[dict]) -> list[str]:
+def _gpu_tables(rows: list[LabRow]) -> list[str]:
     """Per GPU and Copies; where no row has a line, one line saying why instead of a bare header."""
     without = [r["name"] for r in rows if not r["gpu_table"]]
     none_here = (f"No CUDA activity in {'these reports' if len(without) == len(rows) else ', '.join(without)}"

@@ -26,9 +26,15 @@ messages are fixed), so the fit keeps it only where the floors leave a need for 
 (docs/COMM.md).
 """
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+Array = NDArray[np.float64]
+Rows = list[dict[str, Any]]  # bench.comm's measured rows
+Params = dict[str, Any]  # the fit's parameters, per hook and shared
 
 NODES = (2, 4, 8, 16, 32)
 GBITS = (1, 10, 25, 100)
@@ -38,14 +44,14 @@ ROUNDS = 8  # alternations between the latency's least squares and the floors; t
 POWERS = (2.0, 4.0, 8.0, math.inf)  # how the CPU's and the wire's bounds combine (inf: the larger one)
 
 
-def soft_max(a, b, power: float):
+def soft_max(a: ArrayLike, b: ArrayLike, power: float) -> Array:
     """(a^p + b^p)^(1/p): the larger bound, plus part of the smaller where they are close."""
     a, b = np.maximum(a, 0.0), np.maximum(b, 0.0)
     top = np.maximum(a, b)
     if math.isinf(power):
         return top
     scale = np.where(top > 0, top, 1.0)  # over the larger, so a huge time cannot overflow its power
-    return scale * ((a / scale) ** power + (b / scale) ** power) ** (1 / power)
+    return np.asarray(scale * ((a / scale) ** power + (b / scale) ** power) ** (1 / power), dtype=np.float64)
 
 
 def line_time(wire_bytes: float, rate_mbit: float) -> float:
@@ -62,7 +68,7 @@ def ring_share(hosts: int) -> float:
     return 2 * (hosts - 1) / hosts
 
 
-def _terms(rows) -> np.ndarray:
+def _terms(rows: Rows) -> Array:
     """Per row: wire seconds at beta 1, messages, messages of one bucket, delay (s), MB per message."""
     return np.array([[line_time(r["bytes_per_step"], r["rate_mbit"]), r["messages"], r["messages"] / r["buckets"],
                       (r["delay_ms"] or 0.0) / 1e3, message_mb(r["bytes_per_step"], r["messages"])] for r in rows])
@@ -72,20 +78,21 @@ def message_mb(wire_bytes: float, messages: float) -> float:
     return wire_bytes / messages / 1e6 if messages else 0.0
 
 
-def _solve(terms, target) -> np.ndarray:
+def _solve(terms: Array, target: Array) -> Array:
     """Non-negative least squares by dropping: a negative coefficient is set to 0, the rest refitted."""
-    keep = list(range(terms.shape[1]))
+    keep: list[int] = list(range(terms.shape[1]))
     coef = np.zeros(terms.shape[1])
     while keep:
-        solved, *_ = np.linalg.lstsq(terms[:, keep], target, rcond=None)
+        solved = np.asarray(np.linalg.lstsq(terms[:, keep], target, rcond=None)[0], dtype=np.float64)
         if (solved >= 0).all():
             coef[keep] = solved
             return coef
-        keep = [k for k, v in zip(keep, solved) if v >= 0]
+        keep = [k for k, v in zip(keep, solved.tolist()) if v >= 0]
     return coef
 
 
-def _branches(terms, floor, beta: float, alpha: float, kappa, gamma: float) -> tuple:
+def _branches(terms: Array, floor: Array, beta: float, alpha: float, kappa: Array,
+              gamma: float) -> tuple[Array, Array, NDArray[np.bool_]]:
     """Both bounds of comm for each row (kappa: each row's pattern's), and which holds (True: the CPU's)."""
     latency = alpha + (kappa + gamma * terms[:, 4]) * terms[:, 3]
     cpu = floor + terms[:, 1] * latency
@@ -93,21 +100,22 @@ def _branches(terms, floor, beta: float, alpha: float, kappa, gamma: float) -> t
     return cpu, wire, cpu >= wire
 
 
-def _fit_at(rows, hooks, patterns, terms, comm, beta: float) -> tuple:
+def _fit_at(rows: Rows, hooks: list[str], patterns: list[int], terms: Array, comm: Array,
+            beta: float) -> tuple[float, Array, dict[str, float], tuple[Array, Array]]:
     """For one beta: floors, then alpha, each pattern's kappa and gamma, alternately, until
     they settle; the squared error. A row bound by the CPU waits every message's latency; one
     bound by the wire one bucket's."""
-    hook = np.array([r["hook"] for r in rows])
+    hook = np.array([str(r["hook"]) for r in rows])
     onehot = np.array([[r["collectives_per_bucket"] == k for k in patterns] for r in rows], float)
     coef = np.zeros(2 + len(patterns))  # alpha, kappa per pattern, gamma
     on_cpu = comm > FLOOR_MARGIN * beta * terms[:, 0]
-    floors, floor = {h: 0.0 for h in hooks}, np.zeros(len(rows))
+    floors: dict[str, float] = {h: 0.0 for h in hooks}
+    floor = np.zeros(len(rows))
     for _ in range(ROUNDS):
         waits = (onehot @ coef[1:-1] + coef[-1] * terms[:, 4]) * terms[:, 3]
         rest = comm - terms[:, 1] * (coef[0] + waits)
-        floors = {h: float(np.mean(rest[on_cpu & (hook == h)])) if (on_cpu & (hook == h)).any() else 0.0
-                  for h in hooks}
-        floor = np.array([floors[h] for h in hook])
+        floors = {h: _mean_where(rest, on_cpu & np.asarray(hook == h, dtype=np.bool_)) for h in hooks}
+        floor = np.array([floors[str(h)] for h in hook])
         count = np.where(on_cpu, terms[:, 1], terms[:, 2])  # messages whose latency the row waits
         target = comm - np.where(on_cpu, floor, beta * terms[:, 0])
         delayed = count * terms[:, 3]
@@ -120,7 +128,11 @@ def _fit_at(rows, hooks, patterns, terms, comm, beta: float) -> tuple:
     return float(np.sum((np.maximum(cpu, wire) - comm) ** 2)), coef, floors, (cpu, wire)
 
 
-def fit(rows) -> dict:
+def _mean_where(values: Array, mask: NDArray[np.bool_]) -> float:
+    return float(np.mean(values[mask])) if mask.any() else 0.0
+
+
+def fit(rows: Rows) -> Params:
     hooks = sorted({r["hook"] for r in rows})
     patterns = sorted({r["collectives_per_bucket"] for r in rows})
     params: dict[str, Any] = {"hooks": {h: _hook_medians([r for r in rows if r["hook"] == h]) for h in hooks}}
@@ -138,7 +150,7 @@ def fit(rows) -> dict:
     return params
 
 
-def _hook_medians(mine: list) -> dict:
+def _hook_medians(mine: Rows) -> Params:
     return {"compute_s": _median([r["compute_s"] for r in mine]), "window_s": _median([r["window_s"] for r in mine]),
             "bytes_per_step": _median([r["bytes_per_step"] for r in mine]),
             "message_overhead_bytes": _median([message_overhead(r) for r in mine]),
@@ -146,7 +158,7 @@ def _hook_medians(mine: list) -> dict:
             "collectives_per_bucket": mine[0]["collectives_per_bucket"]}
 
 
-def message_overhead(row: dict) -> float:
+def message_overhead(row: Params) -> float:
     """Bytes a message puts on the wire beside its share of the payload (packet and gloo
     headers, the peer's acknowledgements): what the interface counted over the ring's
     2(n-1)/n of the gradients, per message. About 0.8 kB here at any host count; it is most of
@@ -156,7 +168,7 @@ def message_overhead(row: dict) -> float:
     return (row["bytes_per_step"] - row["payload_bytes_per_step"] * ring_share(row["hosts"])) / row["messages"]
 
 
-def predict_comm(params: dict, hook: str, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
+def predict_comm(params: Params, hook: str, floor: float, wire_bytes: float, rate_mbit: float, messages: float,
                  delay_ms: float, buckets: float) -> float:
     """The CPU's bound waits every message's latency; the wire's only one bucket's (while a
     message waits, the next bucket's bytes keep the link busy)."""
@@ -178,7 +190,7 @@ def step_s(compute: float, comm: float, window: float) -> float:
     return compute + max(0.0, comm - window)
 
 
-def predict_step(params: dict, hook: str, row: dict) -> float:
+def predict_step(params: Params, hook: str, row: Params) -> float:
     """A row's step from the fit: its hook's compute, window and floor; the row's own link."""
     h = params["hooks"][hook]
     comm = predict_comm(params, hook, h["floor_s"], row.get("bytes_per_step", h["bytes_per_step"]), row["rate_mbit"],
@@ -186,11 +198,11 @@ def predict_step(params: dict, hook: str, row: dict) -> float:
     return step_s(h["compute_s"], comm, h["window_s"])
 
 
-def _error(predicted: float, measured: float) -> dict:
+def _error(predicted: float, measured: float) -> dict[str, float]:
     return {"measured_s": measured, "predicted_s": predicted, "error": abs(predicted - measured) / measured}
 
 
-def check(rows, held_out: tuple) -> dict:
+def check(rows: Rows, held_out: tuple[float, float]) -> Params:
     """Fit on every (rate, delay) cell but `held_out`, predict it: relative step-time error per hook."""
     params = fit([r for r in rows if cell(r) != held_out])
     errors = {r["hook"]: _error(predict_step(params, r["hook"], r), r["step_s"]) for r in rows if cell(r) == held_out}
@@ -198,7 +210,7 @@ def check(rows, held_out: tuple) -> dict:
             "worst": max(e["error"] for e in errors.values())}
 
 
-def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
+def predict_hosts(params: Params, rows: Rows, calibration: tuple[float, float]) -> Params:
     """More hosts from the 2-host fit. The ring: each host sends 2(n-1)/n of the payload in
     2(n-1) messages per collective, each message with the overhead the 2-host rows show;
     beta, alpha and kappa are the fit's. Two terms need one measured cell of the new host count (the fast,
@@ -214,7 +226,7 @@ def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
     hosts = rows[0]["hosts"]
     base = {r["hook"]: r for r in rows if cell(r) == calibration}
     share = _median([b["compute_s"] / params["hooks"][hook]["compute_s"] for hook, b in base.items()])
-    per_row = []
+    per_row: Rows = []
     for r in rows:
         if cell(r) == calibration or r["hook"] not in base:
             continue
@@ -230,11 +242,12 @@ def predict_hosts(params: dict, rows: list, calibration: tuple) -> dict:
             "worst": max((e["error"] for e in per_row), default=None)}
 
 
-def cell(row: dict) -> tuple:
+def cell(row: Params) -> tuple[float, float]:
     return (row["rate_mbit"], row["delay_requested_ms"])
 
 
-def scaling(params: dict, hooks: dict, gpu_step_s: float, port_latency_s: float, nodes=NODES, gbits=GBITS) -> dict:
+def scaling(params: Params, hooks: dict[str, Params], gpu_step_s: float, port_latency_s: float,
+            nodes: tuple[int, ...] = NODES, gbits: tuple[int, ...] = GBITS) -> Params:
     """Predicted weak-scaling efficiency (each GPU keeps its batch) of a model with each hook.
 
     hooks: name -> {"payload_bytes", "buckets", "collectives_per_bucket"}. A ring all-reduce sends
@@ -266,7 +279,7 @@ def scaling(params: dict, hooks: dict, gpu_step_s: float, port_latency_s: float,
             "nodes": list(nodes), "gbits": list(gbits)}
 
 
-def _median(values):
+def _median(values: Iterable[float]) -> float:
     values = sorted(values)
     if not values:
         return math.nan

@@ -9,7 +9,14 @@ more than NOISY_SHARE of that median, the base is named noisy, and how far a pre
 it could move is said beside it (`could_move`) instead of one number printed as if it were sure.
 """
 from statistics import median
+from typing import Any
+
 from handler.runtime.names import EPOCH
+
+from ..record.metrics import Metrics
+from ..record.summary import Summary
+
+Measured = dict[str, Any]  # {"s", "epochs", "spread", "noisy", "rule", "fastest_s", "slowest_s"}
 
 NOISY_SHARE = 0.10  # (slowest - fastest) / median of the epochs used, above which a measured epoch is noisy
 WARMUP_AT_0 = ("ours", "lab kit", "torch.profiler")  # conventions whose epochs count from 0, as the trainer's
@@ -19,7 +26,7 @@ RULE = ("The measured epoch is the median of the complete epochs, the run's firs
         f"{NOISY_SHARE * 100:.0f} % the epoch is named noisy (handler/profiling/scaling/epochs.py).")
 
 
-def of_times(times: list[tuple[int, float]], warmup: int | None = None) -> dict:
+def of_times(times: list[tuple[int, float]], warmup: int | None = None) -> Measured:
     """The measured epoch of (epoch number, seconds) pairs, complete epochs only: {"s", "epochs",
     "spread", "noisy", "rule", "fastest_s", "slowest_s"}; "s" is None without an epoch. warmup: the
     run's first trained epoch, left out when it is the first here; None: the first here is it."""
@@ -32,45 +39,64 @@ def of_times(times: list[tuple[int, float]], warmup: int | None = None) -> dict:
             "rule": RULE, "fastest_s": min(seconds) if seconds else None, "slowest_s": max(seconds) if seconds else None}
 
 
-def of_ranks(ranks: list[dict], warmup: int | None = 0) -> dict:
-    """The measured epoch of a summary's ranks: each epoch as long as its slowest rank (the ranks step
-    together), over the epochs every rank with epochs completed; warmup as of_times'."""
-    timed = [{e.get("epoch", i): e.get("time_s") or 0.0 for i, e in enumerate(r.get("epochs") or ())} for r in ranks]
-    timed = [t for t in timed if t]
-    common = set.intersection(*(set(t) for t in timed)) if timed else set()
+def of_ranks(ranks: list[dict[str, Any]], warmup: int | None = 0) -> Measured:
+    """The measured epoch of the ranks the report is writing (analysis.py, report.py); warmup as of_times'."""
+    return of_epochs([[(e.get("epoch", i), e.get("time_s") or 0.0) for i, e in enumerate(r.get("epochs") or ())]
+                      for r in ranks], warmup)
+
+
+def of_epochs(ranks: list[list[tuple[int, float]]], warmup: int | None = 0) -> Measured:
+    """The measured epoch of each rank's (epoch, seconds): each epoch as long as its slowest rank (the ranks
+    step together), over the epochs every rank with epochs completed; warmup as of_times'."""
+    timed = [dict(r) for r in ranks if r]
+    common: set[int] = set(timed[0]).intersection(*timed[1:]) if timed else set()
     return of_times([(e, max(t[e] for t in timed)) for e in common], warmup)
 
 
-def first_trained(summary: dict) -> int | None:
-    """The run's warm-up epoch: the lowest epoch its report and its metrics JSON name (capture_window),
-    else 0 for the conventions numbering from 0; None for a user's --ranges (the first held is taken)."""
-    window = summary.get("capture_window") or {}
-    known = [*(window.get("epochs") or []), *(o["epoch"] for o in window.get("outside") or [])]
-    if window.get("run_epochs") and known:
-        return min(known)
-    return 0 if (summary.get("convention") or "ours") in WARMUP_AT_0 else None
+def first_trained(held: list[int], outside: list[int], run_epochs: int | None, convention: str | None) -> int | None:
+    """The run's warm-up epoch: the lowest epoch its report holds (held) or its metrics JSON names outside it
+    (the capture window), where the metrics say how many the run trained; else 0 for the conventions
+    numbering from 0; None for a user's --ranges (the first held is taken)."""
+    if run_epochs and (held or outside):
+        return min([*held, *outside])
+    return 0 if (convention or "ours") in WARMUP_AT_0 else None
 
 
-def of_summary(summary: dict) -> dict:
+def of_written(summary: dict[str, Any]) -> Measured:
+    """The measured epoch of the summary the report is writing (analysis.py, report.py): its ranks' epochs,
+    the warm-up read from its capture window and convention as of_summary reads them."""
+    window: dict[str, Any] = summary.get("capture_window") or {}
+    outside: list[dict[str, Any]] = window.get("outside") or []
+    held: list[int] = window.get("epochs") or []
+    run_epochs: int | None = window.get("run_epochs")
+    warmup = first_trained(list(held), [int(o["epoch"]) for o in outside], run_epochs, summary.get("convention"))
+    return of_ranks(summary.get("ranks") or [], warmup)
+
+
+def of_summary(summary: Summary) -> Measured:
     """A summary's measured epoch, from its ranks' epochs (what analysis.py wrote as `measured_epoch`,
     the same way, so an older summary without the field, or a merged job's, gets it too); the
     written field alone where no rank lists its epochs."""
-    found = of_ranks(summary.get("ranks") or [], first_trained(summary))
-    written = summary.get("measured_epoch")
-    if found["s"] is None and isinstance(written, dict) and written.get("s"):
-        return {**found, **written, "fastest_s": written["s"], "slowest_s": written["s"]}
+    window = summary.capture_window
+    warmup = first_trained(list(window.epochs), [o.epoch for o in window.outside], window.run_epochs,
+                           summary.convention) if window is not None else first_trained([], [], None, summary.convention)
+    found = of_epochs([[(e.epoch, e.time_s) for e in r.epochs] for r in summary.ranks], warmup)
+    written = summary.measured_epoch
+    if found["s"] is None and written is not None and written.s:
+        return {**found, "s": written.s, "epochs": list(written.epochs), "spread": written.spread,
+                "noisy": written.noisy, "rule": written.rule or RULE, "fastest_s": written.s, "slowest_s": written.s}
     return found
 
 
-def contract(found: dict) -> dict:
+def contract(found: Measured) -> Measured:
     """The summary's `measured_epoch` field (docs/summary.schema.json): s, epochs, spread, noisy, rule."""
     return {k: found[k] for k in ("s", "epochs", "spread", "noisy", "rule")}
 
 
-def of_metrics(metrics: dict | None) -> dict:
+def of_metrics(metrics: Metrics | None) -> Measured:
     """The measured epoch of a metrics JSON's epoch timer (epochs[].time_s, rank 0's clock)."""
-    return of_times([(e.get("epoch", i), e.get("time_s") or 0.0)
-                     for i, e in enumerate((metrics or {}).get("epochs") or ())])
+    return of_times([(i if e.epoch is None else e.epoch, e.time_s or 0.0)
+                     for i, e in enumerate(metrics.epochs if metrics else ())])
 
 
 def epochs_text(epochs: list[int]) -> str:
@@ -79,19 +105,19 @@ def epochs_text(epochs: list[int]) -> str:
         return "no epoch"
     if len(epochs) == 1:
         return EPOCH(epochs[0])
-    if epochs == list(range(epochs[0], epochs[-1] + 1)):
+    if epochs[-1] - epochs[0] == len(epochs) - 1 and epochs == sorted(set(epochs)):  # no range built: 1e12 is a count
         return f"epochs {epochs[0]}-{epochs[-1]}"
     return "epochs " + ", ".join(map(str, epochs))
 
 
-def short(found: dict) -> str:
+def short(found: Measured) -> str:
     """What a table cell says beside the time: "epochs 1-3, spread 2 %", "..., NOISY"."""
     if found.get("s") is None:
         return "no complete epoch"
     return f"{epochs_text(found['epochs'])}, spread {found['spread'] * 100:.0f} %" + (", NOISY" if found["noisy"] else "")
 
 
-def could_move(found: dict, predicted_s: float) -> tuple[float, float]:
+def could_move(found: Measured, predicted_s: float) -> tuple[float, float]:
     """How far a prediction made from this measured epoch could move: scaled by the fastest and the
     slowest epoch used over their median."""
     s = found.get("s")
@@ -100,7 +126,7 @@ def could_move(found: dict, predicted_s: float) -> tuple[float, float]:
     return predicted_s * (found.get("fastest_s") or s) / s, predicted_s * (found.get("slowest_s") or s) / s
 
 
-def line(found: dict, name: str = "the measured epoch") -> str:
+def line(found: Measured, name: str = "the measured epoch") -> str:
     """One sentence: the time, the epochs used, their spread and, when noisy, that it is."""
     if found.get("s") is None:
         return f"{name}: none (no complete epoch)"

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from handler.runtime.errors import UserError
 
+from ..record.metrics import Metrics
+from ..record.summary import CommConfig, Summary
 from .comm_model import ring_messages, ring_share
 from .step import Split
 
@@ -54,14 +56,14 @@ class Payload:
     says: str
 
 
-def payload(grad_mb: float, model: str | None, comm_config: dict | None, buckets: int | None,
+def payload(grad_mb: float, model: str | None, comm_config: CommConfig | None, buckets: int | None,
             mode: str | None = None) -> Payload:
     """The gradients as the run's comm hook sends them: fp16/bf16 half, PowerSGD its rank's share;
     fsdp (handler/FSDP/model.py: fully_shard, resharded after forward) gathers its fp32 parameters
     in forward and again in backward and reduce-scatters the gradients: each of the three carries
     half an all-reduce's bytes, so 1.5 times an all-reduce of the gradients."""
-    config = comm_config or {}
-    hook, cap = config.get("hook") or "allreduce", config.get("bucket_cap_mb") or BUCKET_CAP_MB
+    config = comm_config or CommConfig()
+    hook, cap = config.hook or "allreduce", config.bucket_cap_mb or BUCKET_CAP_MB
     count = buckets or default_buckets(grad_mb, cap)
     if mode == "fsdp":
         return Payload(grad_mb * FSDP_SHARE, count, 1, f"{grad_mb * FSDP_SHARE:.3g} MB (fsdp: parameters gathered "
@@ -69,7 +71,7 @@ def payload(grad_mb: float, model: str | None, comm_config: dict | None, buckets
     if hook in ("fp16", "bf16"):
         return Payload(grad_mb / 2, count, 1, f"{grad_mb / 2:.3g} MB ({hook}: half of {grad_mb:.3g} MB)")
     if hook == "powersgd":
-        rank = config.get("powersgd_rank") or 2
+        rank = config.powersgd_rank or 2
         table = POWERSGD_MB.get(model or "")
         if not table or rank not in table:
             raise UserError(f"PowerSGD rank {rank} of model {model or 'unknown'}: its bytes are not in "
@@ -78,14 +80,13 @@ def payload(grad_mb: float, model: str | None, comm_config: dict | None, buckets
     return Payload(grad_mb, count, 1, f"{grad_mb:.3g} MB (fp32)")
 
 
-def hook_of(metrics: dict | None) -> dict | None:
+def hook_of(metrics: Metrics | None) -> CommConfig | None:
     """The comm hook a run's metrics JSON names (its config holds every option), read without
     importing the modes (the lab page runs on a laptop without torch); None without one."""
-    config = (metrics or {}).get("config") or {}
-    if not config.get("comm_hook"):
+    config = metrics.config if metrics else None
+    if not config or not config.comm_hook:
         return None
-    return {"hook": config["comm_hook"], "bucket_cap_mb": config.get("bucket_cap_mb"),
-            "powersgd_rank": config.get("powersgd_rank")}
+    return CommConfig(hook=config.comm_hook, bucket_cap_mb=config.bucket_cap_mb, powersgd_rank=config.powersgd_rank)
 
 
 def default_buckets(grad_mb: float, cap_mb: float) -> int:
@@ -93,7 +94,7 @@ def default_buckets(grad_mb: float, cap_mb: float) -> int:
     return 1 + max(0, math.ceil((grad_mb - FIRST_BUCKET_MB) / cap_mb))
 
 
-def measured(split: Split, summary: dict, sent: Payload, source: str) -> Link | None:
+def measured(split: Split, summary: Summary, sent: Payload, source: str) -> Link | None:
     """The link a report of 2 or more processes used: the ring's bytes over its communication time
     per step (NCCL kernels on GPUs, all-reduce ranges on a CPU run), after its messages' latency.
     None for a report of one process, or of one process driving every GPU, or without the time."""
@@ -103,7 +104,7 @@ def measured(split: Split, summary: dict, sent: Payload, source: str) -> Link | 
         return None
     if split.gpu:
         # the GPU whose NCCL kernels ran least: its rank arrived last, so they waited least for a peer
-        nccl = min((g["nccl_kernel_s"] for g in summary.get("gpus") or () if g.get("nccl_kernel_s")), default=0.0)
+        nccl = min((g.nccl_kernel_s for g in summary.gpus or () if g.nccl_kernel_s), default=0.0)
         seconds = nccl / (split.steps_per_epoch * split.epochs)
     else:
         seconds = split.comm or 0.0

@@ -16,12 +16,15 @@
 At the report's own count every term is the measured one, so the step is the measured step.
 """
 from dataclasses import dataclass
+from typing import Any
 
 from .cores import cpu_work, gpu_loader_cores
 from .comm_model import exchange_s, line_time, ring_messages, ring_share, step_s
+from ..record.summary import Machine
 from .links import BETA, Link, Payload
 from .step import Split, bound_of, step_of
 
+Cell = dict[str, Any]  # a predicted count: count, processes, step_ms, epoch_s, keeps_up_epoch_s, terms_ms, comm_ms, bound
 POWER = 4.0  # how the CPU's and the wire's bounds add: every quiet bench.comm fit chose 4 (docs/COMM.md)
 
 
@@ -32,8 +35,8 @@ class Setting:
     mode: str  # "dp" (one process), "pp" (stages) or "ddp" (a rank per GPU: ddp, ddp_dali, fsdp)
     link: Link
     sent: Payload
-    machine: dict
-    cpu_factors: dict
+    machine: Machine
+    cpu_factors: dict[int, float]
     between: Link | None = None  # the link between nodes, where a ring can span them (facts.Nodes)
     per_node: int = 0  # devices a node holds; 0: every count on one node
 
@@ -46,7 +49,7 @@ def link_at(n: int, s: Setting) -> Link:
     return min(s.link, s.between, key=lambda k: k.gbit)
 
 
-def loader_cores(processes: int, machine: dict) -> float:
+def loader_cores(processes: int, machine: Machine) -> float:
     """The cores a GPU run's loaders get beside the ranks' main threads (cores.py)."""
     return gpu_loader_cores(processes, machine)
 
@@ -87,12 +90,13 @@ PP_MICROBATCHES = 4  # the harness's --microbatches default (handler/PP/options.
 
 def pipeline_ratio(split: Split, n: int) -> float:
     """pp's pipeline span at n stages over the report's: (M + W - 1) / W slots of the whole work."""
-    pipe = split.pipeline or {}
-    m, w0 = pipe.get("microbatches") or PP_MICROBATCHES, pipe.get("stages", split.processes)
+    pipe = split.pipeline
+    m = (pipe.microbatches if pipe else None) or PP_MICROBATCHES
+    w0 = pipe.stages if pipe else split.processes
     return ((m + n - 1) / n) / ((m + w0 - 1) / w0)
 
 
-def dp_terms(split: Split, n: int, s: Setting, work: dict) -> tuple[dict, float, float]:
+def dp_terms(split: Split, n: int, s: Setting, work: dict[str, float]) -> tuple[dict[str, float], float, float]:
     """dp at n GPUs: (work, link, exchange). The GPUs' compute is the report's spread over n (never less
     per GPU at fewer GPUs); the exchange grows or shrinks by the model's difference: more GPUs add it
     on the link; fewer take it off what the report booked to the link, then off the host's work, which
@@ -106,7 +110,7 @@ def dp_terms(split: Split, n: int, s: Setting, work: dict) -> tuple[dict, float,
     return {**work, "host": max(0.0, work["host"] - (saved - off_link))}, link, exchange
 
 
-def predict(split: Split, n: int, s: Setting) -> dict:
+def predict(split: Split, n: int, s: Setting) -> Cell:
     """The epoch at n GPUs (or CPU processes): the step's terms, the epoch, the epoch with a
     loader that keeps up, and the bound (step.bound_of)."""
     own = split.devices if split.gpu else split.processes
@@ -142,7 +146,7 @@ def predict(split: Split, n: int, s: Setting) -> dict:
 def cpu_factors(others: dict[str, dict[int, Split]], own: int) -> dict[int, float]:
     """count -> the compute per step there over the compute at `own`, measured by other modes' reports
     of the same machine (mode -> count -> split; each at both counts), the median over them."""
-    out = {}
+    out: dict[int, float] = {}
     for n in sorted({c for by in others.values() for c in by} - {own}):
         ratios = sorted(by[n].busy / by[own].busy for by in others.values() if n in by and own in by and by[own].busy)
         if ratios:

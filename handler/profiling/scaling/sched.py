@@ -17,9 +17,9 @@ in one line (`sched_line`): events outside every epoch, of no thread (globalTid 
 schema allows), of other processes. A table without the columns nsys writes, or an empty one, is
 `not recorded`, `cpu_time_from` saying which.
 """
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,16 +27,16 @@ import numpy.typing as npt
 from handler.runtime.names import EPOCH
 
 from ..nsys import open_export
+from ..record.metrics import Metrics
 from ..sql_columns import read_columns
 from ..trace import Process
-from .cores import cpu_time_of as _cpu_time_of  # pyright: ignore[reportUnknownVariableType] (cores.py: loose types)
+from .cores import cpu_time_of
 from .workers import LoaderProcesses, columns
 
 DALI_THREAD = "[DALI]"
 NEEDED = ("start", "isSchedIn", "globalTid")  # nsys' SCHED_EVENTS columns (2021.x-2026.x)
 Windows = list[tuple[int, int]]
 Ints = npt.NDArray[np.int64]
-cpu_time_of = cast(Callable[[Mapping[str, Any] | None], dict[str, Any]], _cpu_time_of)
 
 
 def epoch_windows(processes: Iterable[Process]) -> Windows:
@@ -136,7 +136,7 @@ def cpu_time_for(export: Path | None, ranks: Sequence[Mapping[str, Any]], metric
                  windows: Windows, loaders: LoaderProcesses, threads: Mapping[int, Sequence[str]]) -> dict[str, Any]:
     """The machine block's CPU time: the run's metrics where it recorded them, else the report's
     scheduling events, else `not recorded`, saying why (cores.py says on the page what is then assumed)."""
-    recorded = cpu_time_of(metrics)
+    recorded = cpu_time_of(Metrics.model_validate(metrics) if metrics else None)  # validated at its read (record/)
     if recorded["loader_cpu_ms"] is not None or export is None:
         return {**recorded, "sched_events": None, "sched_line": None}
     found = report_cpu_time(export, ranks, windows, loaders, threads)

@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 from handler.runtime.errors import UserError
 from handler.runtime.names import BACKWARD, DATA, FORWARD, H2D, OPTIMIZER
 
-from .epochs import of_summary
+from ..record.parse import parse_summary
+from ..record.summary import Comm, Rank, Summary
+from .epochs import Measured, of_summary
 
 GPU_BOUND = 0.8  # a GPU busy this share of the host's work inside the step: that work is the wait for it
 # What bounds a step, in the words the verdict and the what-if both print (docs/PROFILING.md).
@@ -26,6 +28,16 @@ RESOURCES = {"loader-bound": "the wait for data: the host's CPU cores running th
              "host-bound": "the host's work inside the step: launching kernels, Python",
              "GPU-bound": "the GPU's compute", "CPU-bound": "the host's cores computing (no GPU ran)",
              "link-bound": "the exposed communication: the all-reduce (dp: its broadcast and gather)"}
+
+
+@dataclass(frozen=True)
+class Stages:
+    """pp's pipeline: its stages, micro-batches (None: not recorded), where they came from, and the longest
+    stage's span per step (s)."""
+    stages: int
+    microbatches: int | None
+    from_: str
+    span: float
 
 
 @dataclass(frozen=True)
@@ -45,44 +57,44 @@ class Split:
     exposed: float  # the part of it no compute hid
     buckets: int | None  # the all-reduce's buckets, where the report counted them
     compute_share: float  # backward's share of forward + backward + optimizer: the window behind it
-    pipeline: dict | None  # pp: {"stages", "microbatches", "span"} (span per step, s); None otherwise
-    measured: dict | None = None  # the measured epoch the step is from (epochs.of_summary); None: the mean
+    pipeline: Stages | None  # pp only
+    measured: Measured | None = None  # the measured epoch the step is from (epochs.of_summary); None: the mean
 
 
-def split_of(summary: dict) -> Split:
-    """UserError when no rank has a complete epoch with steps in it."""
-    ranks = summary.get("ranks") or []
-    usable = [r for r in ranks if _complete(r.get("loop") or {})]
+def split_of(summary: Summary | dict[str, object]) -> Split:
+    """UserError when no rank has a complete epoch with steps in it. A dict is parsed first (record/)."""
+    summary = parse_summary(summary, "the summary")
+    usable = [r for r in summary.ranks if r.loop.epochs and r.loop.steps and r.loop.epochs_s > 0]
     if not usable:
         raise UserError("the report has no complete epoch with training steps (a run stopped inside its first "
                         "epoch never closes the epoch's range); profile a run that finishes at least one epoch")
-    rank = max(usable, key=lambda r: r["loop"]["epochs_s"])
-    loop = rank["loop"]
-    steps, epochs = loop["steps"], loop["epochs"]
-    step = loop["epochs_s"] / steps
-    phase = {k: (v or 0.0) / 1e3 for k, v in (loop.get("phase_ms") or {}).items()}
-    inside = min(step, (loop.get("inside_steps_ms") or 0.0) / 1e3)
+    rank = max(usable, key=lambda r: r.loop.epochs_s)
+    loop = rank.loop
+    steps, epochs = loop.steps, loop.epochs
+    step = loop.epochs_s / steps
+    # a time the records take 1e-9 below 0 (float rounding: an epoch less its steps) is none
+    phase = {k: max(0.0, v or 0.0) / 1e3 for k, v in loop.phase_ms.items()}
+    inside = min(step, max(0.0, loop.inside_steps_ms or 0.0) / 1e3)
     fetch = min(inside, phase.get(DATA, 0.0) + phase.get(H2D, 0.0))
-    comm_stats = rank.get("comm") or {}
-    comm = comm_stats["seconds"] / steps if comm_stats.get("seconds") else None
-    exposed = min(inside - fetch, (comm_stats.get("exposed_s") or 0.0) / steps)
+    comm_stats = rank.comm or Comm()
+    comm = comm_stats.seconds / steps if comm_stats.seconds else None
+    exposed = min(inside - fetch, max(0.0, comm_stats.exposed_s or 0.0) / steps)
     wait, host = step - inside + fetch, inside - fetch - exposed
-    gpus = summary.get("gpus") or []
-    shares = [(g.get("compute_busy_share") if g.get("compute_busy_share") is not None else g.get("kernel_busy_share"),
-               g.get("epochs_s")) for g in gpus]
-    busy_s = [s * (e or loop["epochs_s"]) / steps for s, e in shares if s is not None]
+    gpus = summary.gpus or []
+    shares = [(g.kernel_busy_share if g.compute_busy_share is None else g.compute_busy_share, g.epochs_s) for g in gpus]
+    busy_s = [s * (e or loop.epochs_s) / steps for s, e in shares if s is not None]
     # the GPU's compute and the exposed communication share the step: its busy time fits beside it
     busy = min(max(busy_s), step - exposed) if busy_s else host
     compute = sum(phase.get(p, 0.0) for p in (FORWARD, BACKWARD, OPTIMIZER))
-    split = Split(processes=len(ranks), devices=len(gpus) or len(ranks), gpu=bool(busy_s), epochs=epochs,
-                 steps_per_epoch=steps / epochs, step=step, wait=wait, host=host, busy=busy, comm=comm,
-                 exposed=exposed, buckets=comm_stats.get("buckets") or None,
-                 compute_share=phase.get(BACKWARD, 0.0) / compute if compute else 0.0,
-                 pipeline=_pipeline(ranks, steps))
+    split = Split(processes=len(summary.ranks), devices=len(gpus) or len(summary.ranks), gpu=bool(busy_s),
+                  epochs=epochs, steps_per_epoch=steps / epochs, step=step, wait=wait, host=host, busy=busy, comm=comm,
+                  exposed=exposed, buckets=comm_stats.buckets or None,
+                  compute_share=phase.get(BACKWARD, 0.0) / compute if compute else 0.0,
+                  pipeline=_pipeline(summary.ranks, steps))
     return _at_measured(split, of_summary(summary))
 
 
-def _at_measured(split: Split, measured: dict) -> Split:
+def _at_measured(split: Split, measured: Measured) -> Split:
     """The split with its step the measured epoch's (epochs.py) and every part, measured over all the
     complete epochs, scaled by the same factor: they still add up to the step, and the GPU's busy
     time still fits inside it. Unchanged where no epoch was timed."""
@@ -93,30 +105,25 @@ def _at_measured(split: Split, measured: dict) -> Split:
                    comm=None if split.comm is None else split.comm * k, exposed=split.exposed * k, measured=measured)
 
 
-def _complete(loop: dict) -> bool:
-    return bool(loop.get("epochs") and loop.get("steps") and loop.get("epochs_s"))
-
-
-def _pipeline(ranks: list[dict], steps: int) -> dict | None:
+def _pipeline(ranks: list[Rank], steps: int) -> Stages | None:
     """pp's stages, micro-batches and the longest stage's pipeline span per step. The micro-batches:
-    what a stage entry recorded, else M from the theoretical bubble (W-1)/(M+W-1); at one stage
-    the bubble is 0 whatever M, so none is read (None: the what-if then reads run.pp_microbatches)."""
-    stages = [r["pipeline"] for r in ranks if r.get("pipeline")]
+    what a stage entry counted (bubble.py, at any stage count), else M from the theoretical bubble
+    (W-1)/(M+W-1) of a summary older than the count; at one stage that bubble is 0 whatever M."""
+    stages = [r.pipeline for r in ranks if r.pipeline]
     if not stages:
         return None
-    count, theory = len(stages), stages[0].get("theoretical_bubble_share") or 0.0
-    recorded = stages[0].get("microbatches")
+    count, theory = len(stages), stages[0].theoretical_bubble_share or 0.0
+    recorded = stages[0].microbatches
     if recorded:
-        microbatches, said = int(recorded), "the report's micro-batch ranges"
+        microbatches, said = recorded, "the report's micro-batch ranges"
     elif theory:
         microbatches, said = max(1, round((count - 1) * (1 - theory) / theory)), "the report's theoretical bubble"
     else:
         microbatches, said = None, "not recorded (one stage has no bubble to read them from)"
-    return {"stages": count, "microbatches": microbatches, "from": said,
-            "span": max((s.get("span_s") or 0.0) for s in stages) / steps}
+    return Stages(count, microbatches, said, max((s.span_s or 0.0) for s in stages) / steps)
 
 
-def bound_of(terms: dict) -> str:
+def bound_of(terms: dict[str, float]) -> str:
     """The largest part of a step, in the verdict's and the what-if's words. terms: loader,
     link, and host and device (GPU runs) or cores (CPU runs). A GPU busy GPU_BOUND of the host's
     work or more is the bound where that work is: the host then mostly waits for it."""
@@ -126,7 +133,7 @@ def bound_of(terms: dict) -> str:
     return BOUNDS[max(candidates, key=lambda k: candidates[k])]
 
 
-def step_of(terms: dict, gpu: bool) -> tuple[float, float]:
+def step_of(terms: dict[str, float], gpu: bool) -> tuple[float, float]:
     """(step, step with a loader that keeps up). The GPU runs while the host loads and launches:
     the longer of the two; one host's cores do it all in turn on a CPU run."""
     if gpu:
@@ -135,7 +142,7 @@ def step_of(terms: dict, gpu: bool) -> tuple[float, float]:
     return terms["loader"] + terms["cores"] + terms["link"], terms["cores"] + terms["link"]
 
 
-def own_terms(split: Split) -> dict:
+def own_terms(split: Split) -> dict[str, float]:
     """The terms at the report's own count, as measured."""
     work = {"host": split.host, "device": split.busy} if split.gpu else {"cores": split.busy}
     return {"loader": split.wait, "link": split.exposed, **work}

@@ -13,7 +13,7 @@ import pytest
 
 from handler.profiling.analysis import summarize
 from handler.profiling.lab.cells import lab_reports
-from handler.profiling.lab.page import write_lab
+from handler.profiling.lab.page import summary_row, write_lab
 from handler.profiling.trace import load_trace
 from handler.profiling.lab.whatif_folder import lab_section
 from tests.nsys_helpers import REPO, require_nsys
@@ -244,15 +244,15 @@ def test_an_nsys_rep_nsys_cannot_export_is_left_off_with_no_export_behind(tmp_pa
 
 def test_a_what_if_row_that_fails_gets_its_line_and_the_other_modes_their_tables():
     """The row of a GPU run whose only epoch never closed: steps but a GPU busy share of None."""
-    good = {"report": "ddp_1gpu.sqlite", "mode": "ddp", "gpus": 1, "gpus_ran": 0, "processes": 1, "epoch_s": 2.0,
-            "model": None, "gpu_table": None,
+    good = {"report": "ddp_1gpu.sqlite", "overall": {"epoch_mean_s": 2.0}, "gpus": None,
             "ranks": [{"rank": 0, "epochs": [{"epoch": 0, "time_s": 2.0}],
                        "loop": {"epochs_s": 2.0, "epochs": 1, "steps": 4, "step_mean_ms": 500.0,
                                 "inside_steps_ms": 400.0, "between_steps_ms": 100.0, "phase_ms": {}}}]}
-    broken = {**good, "report": "fsdp_1gpu.sqlite", "mode": "fsdp", "gpus_ran": 1, "epoch_s": None,
-              "gpu_table": [{"compute_busy_share": None, "kernel_busy_share": None, "epochs_s": 0.0}],
+    broken = {**good, "report": "fsdp_1gpu.sqlite", "overall": {"epoch_mean_s": None},
+              "gpus": [{"compute_busy_share": None, "kernel_busy_share": None, "epochs_s": 0.0, "nccl_kernel_s": 0.0}],
               "ranks": [{"rank": 0, "loop": {"epochs_s": 0.0, "epochs": 0, "steps": 4, "step_mean_ms": None,
-                                             "inside_steps_ms": 400.0, "between_steps_ms": None}}]}
-    lines = lab_section([broken, good])
+                                             "inside_steps_ms": 400.0, "between_steps_ms": None, "phase_ms": {}}}]}
+    lines = lab_section([summary_row(broken, {"report": "fsdp_1gpu.sqlite", "mode": "fsdp", "gpus": 1}),
+                         summary_row(good, {"report": "ddp_1gpu.sqlite", "mode": "ddp", "gpus": 1})])
     assert any(line.startswith("- **fsdp**: no prediction:") for line in lines)
     assert "### ddp" in lines

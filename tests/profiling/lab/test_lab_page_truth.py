@@ -24,8 +24,10 @@ def test_the_bound_counts_the_steps_of_one_epoch_when_two_were_profiled():
     for 2 epochs of 98 steps: the bound is 98 x 97 ms, not 196 x 97 ms."""
     steps, epochs = 196, 2
     summary = {"ranks": [{"loop": {"epochs_s": steps * 0.333, "epochs": epochs, "steps": steps, "step_mean_ms": 333.0,
-                                   "inside_steps_ms": 34.0, "between_steps_ms": 299.0}}],
-               "gpus": [{"kernel_busy_s": 0.097 * steps, "kernel_busy_share": 97.0 / 333.0}]}
+                                   "inside_steps_ms": 34.0, "between_steps_ms": 299.0, "phase_ms": {}}}],
+               "overall": {"epoch_mean_s": None},
+               "gpus": [{"kernel_busy_s": 0.097 * steps, "kernel_busy_share": 97.0 / 333.0, "compute_busy_share": None,
+                         "epochs_s": 0.0, "nccl_kernel_s": 0.0}]}
     result = verdict(summary)
     assert result["bound_s"] == pytest.approx(98 * 0.097)
     assert "at least 9.51 s (98 steps x 97.0 ms)" in result["line"]

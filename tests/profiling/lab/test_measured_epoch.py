@@ -16,6 +16,8 @@ from handler.compare.report import write_report
 from handler.compare.results import build_rows
 from handler.compare.runner import Outcome
 from handler.profiling.lab.page import verdict, write_cells_lab
+from handler.profiling.record.metrics import Metrics
+from handler.profiling.record.parse import parse_summary
 from handler.profiling.report import main as report_main
 from handler.profiling.scaling.epochs import NOISY_SHARE, of_metrics, of_summary, of_times
 from handler.profiling.scaling.step import split_of
@@ -37,7 +39,7 @@ def summary(epoch_times: list[float], steps_per_epoch: int = 10, inside_share: f
             "inside_steps_ms": mean_ms * inside_share, "between_steps_ms": mean_ms * (1 - inside_share),
             "phase_ms": {"data": mean_ms * inside_share * data_share, "forward": mean_ms * 0.3, "backward": mean_ms * 0.4}}
     gpus = [] if busy_share is None else [{"device": 0, "compute_busy_share": busy_share, "kernel_busy_share": busy_share,
-                                           "epochs_s": epochs_s, "memcpy": {}, "metrics": {}}]
+                                           "epochs_s": epochs_s, "nccl_kernel_s": 0.0, "memcpy": {}, "metrics": {}}]
     return {"schema": 1, "report": "nsight_logs/ddp_20261129_070000/gpu_1.nsys-rep", "overall": {"epoch_mean_s": None, "phase_shares": {}},
             "gpus": gpus, "ranks": [{"rank": 0, "epochs": [{"epoch": e, "time_s": t} for e, t in enumerate(epoch_times)],
                                      "loop": loop, "comm": {"seconds": epochs_s * exposed_share * 2,
@@ -54,14 +56,14 @@ def test_a_disturbed_epoch_after_the_warm_up_is_named_noisy_and_a_steady_run_is_
 def test_one_epoch_is_its_own_measured_epoch_and_none_is_none():
     assert of_times([(0, 12.5)]) | {"rule": ""} == {"s": 12.5, "epochs": [0], "spread": 0.0, "noisy": False, "rule": "",
                                                     "fastest_s": 12.5, "slowest_s": 12.5}
-    assert of_times([])["s"] is None and of_metrics({"epochs": []})["s"] is None
+    assert of_times([])["s"] is None and of_metrics(Metrics.model_validate({"epochs": []}))["s"] is None
 
 
 def test_an_older_summary_without_the_field_gets_it_from_its_ranks_each_epoch_its_slowest_rank():
     two = summary(NOISY)
     two["ranks"].append({**two["ranks"][0], "rank": 1, "epochs": [{"epoch": e, "time_s": t + 0.5}
                                                                     for e, t in enumerate(NOISY)]})
-    found = of_summary(two)
+    found = of_summary(parse_summary(two, "two"))
     assert "measured_epoch" not in two and found["s"] == 10.5 and found["epochs"] == [1, 2, 3]
 
 
@@ -81,7 +83,7 @@ def test_the_summary_of_a_real_capture_carries_the_measured_epoch_of_its_ranks(t
 def test_the_what_if_reproduces_the_measured_epoch_at_its_own_count_and_the_bound_never_exceeds_it(
         times, inside, data, exposed, busy):
     s = summary(times, inside_share=inside, data_share=data, exposed_share=exposed * inside, busy_share=busy)
-    split, measured = split_of(s), of_summary(s)
+    split, measured = split_of(s), of_summary(parse_summary(s, "s"))
     assert split.step * split.steps_per_epoch == pytest.approx(measured["s"])
     assert split.wait + split.host + split.exposed == pytest.approx(split.step)
     assert min(split.wait, split.host, split.exposed, split.busy) >= -1e-12
@@ -176,7 +178,7 @@ def test_the_lab_pages_what_if_and_compares_report_name_the_noisy_base_and_only_
     from handler.profiling.lab.page import summary_row
     from handler.profiling.lab.whatif_folder import lab_section
     one, two = summary(times), summary([12.0, 6.0, 6.0, 6.0])
-    rows = [summary_row(s, {"report": s["report"], "mode": "ddp", "gpus": n}, {}, None) for n, s in ((1, one), (2, two))]
+    rows = [summary_row(s, {"report": s["report"], "mode": "ddp", "gpus": n}) for n, s in ((1, one), (2, two))]
     section = "\n".join(lab_section(rows))
     outcomes = [Outcome(Cell(Variant("ddp", "ddp"), n), "ok", 0, profile=s, folder=f"cells/ddp-n{n}",
                         metrics={"config": {}, "epochs": [{"epoch": 0, "time_s": 1.0, "images_per_s": 1.0, "data_wait_s": 0.0}]})

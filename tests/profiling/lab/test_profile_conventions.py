@@ -173,8 +173,10 @@ def test_the_bound_takes_the_larger_of_the_step_range_and_the_gpu_busy_time():
     from handler.profiling.lab.page import verdict
     steps = 98
     summary = {"ranks": [{"loop": {"epochs_s": steps * 0.333, "epochs": 1, "steps": steps, "step_mean_ms": 333.0,
-                                   "inside_steps_ms": 34.0, "between_steps_ms": 299.0}}],
-               "gpus": [{"kernel_busy_s": 0.097 * steps, "kernel_busy_share": 97.0 / 333.0}]}
+                                   "inside_steps_ms": 34.0, "between_steps_ms": 299.0, "phase_ms": {}}}],
+               "overall": {"epoch_mean_s": None},
+               "gpus": [{"kernel_busy_s": 0.097 * steps, "kernel_busy_share": 97.0 / 333.0, "compute_busy_share": None,
+                         "epochs_s": 0.0, "nccl_kernel_s": 0.0}]}
     result = verdict(summary)
     assert result["bound_s"] == pytest.approx(9.506) and result["line"].startswith("loader-bound: 90 % of each step")
 
@@ -266,13 +268,15 @@ def test_a_comparisons_profiled_cells_get_the_lab_page(tmp_path, kit_export):
     .sqlite export of a cell is left here, and a cell without any report is left out. Each cell's
     what-if takes its own model's gradients from its metrics (resnet20's 1.08 MB, not ResNet-18's)."""
     from handler.profiling.lab.page import write_cells_lab
+    from handler.profiling.record.metrics import Metrics
     path, _ = kit_export
     cells = []
     for label, count in (("ddp", 1), ("ddp", 2), ("fast", 2)):
         folder = tmp_path / "cells" / f"{label}-n{count}"
         folder.mkdir(parents=True)
         (folder / f"{label}-n{count}.sqlite").write_bytes(path.read_bytes())
-        cells.append((label, count, folder / f"{label}-n{count}.nsys-rep", {"config": {"model": "resnet20"}}))
+        cells.append((label, count, folder / f"{label}-n{count}.nsys-rep",
+                      Metrics.model_validate({"config": {"model": "resnet20"}})))
     cells.append(("gone", 4, tmp_path / "cells" / "gone-n4" / "gone-n4.nsys-rep", None))
     page = write_cells_lab(cells, tmp_path / "lab")
     assert page == tmp_path / "lab" / "lab.md" and page.is_file()

@@ -214,20 +214,29 @@ def test_the_lab_page_is_kept_and_lists_each_bad_report_as_what_it_is(bad_night)
 
 
 @pytest.mark.parametrize("text, says", [
-    ("[1, 2]", "is a JSON list, not the object train_cifar.py writes"),
-    ('{"config": [1]}', "has `config` that is not an object"),
-    ('{"config": {"workers": "two"}}', '`config.workers` = "two", not a number'),
-    ('{"epochs": [{"epoch": "a", "time_s": 1}]}', '`epochs[0].epoch` = "a", not a whole number'),
-    ('{"epochs": 5}', "has `epochs` that is not a list"),
-    ('{"env": {"hosts": "n1"}}', '`env.hosts` = "n1", not an object'),
-    ('{"schema": 1, "config": {"mode": "ddp", "wor', "is not JSON ("),
-    ("", "is empty"),
-    ('{"a": 1}', "has none of the metrics JSON's `config`, `env` and `epochs`"),
-    ('{"ranks": [], "overall": {}}', "is a profile summary (.summary.json), not the run's metrics JSON"),
-    (b"SQLite format 3\x00\xff\xfe", "is not text (a binary file"),
-    (None, "is a folder"),
-], ids=["list", "config", "workers", "epoch", "epochs", "hosts", "cut off", "empty", "foreign", "summary",
-        "binary", "folder"])
+    ("[1, 2]", " is a JSON list, not the object train_cifar.py writes"),
+    ('{"config": [1]}', ": config is [1], not an object"),
+    ('{"config": {"workers": "two"}}', ": config.workers is 'two', not a number of workers"),
+    ('{"epochs": [{"epoch": "a", "time_s": 1}]}', ": epochs[0].epoch is 'a', not a whole number"),
+    ('{"epochs": 5}', ": epochs is 5, not a list"),
+    ('{"env": {"hosts": "n1"}}', ": env.hosts is 'n1', not an object"),
+    # issue 55, defect 5: fields the summary takes from the metrics, named as the metrics' own
+    ('{"config": {}, "model": {"grad_mb": 1e12}}', ": model.grad_mb is 1000000000000.0, not a size in MB > 0"),
+    ('{"env": {"hosts": {"0": "n1", "1": 7}}}', ": env.hosts.1 is 7, not a text"),
+    ('{"epochs": [{"cpu_time": {"rank_ms_per_step": -3.0, "loader_ms_per_step": 1.0}}]}',
+     ": epochs[0].cpu_time.rank_ms_per_step is -3.0, not a number >= 0"),
+    ('{"epochs": [{"cpu_time": {"rank_ms_per_step": NaN, "loader_ms_per_step": 1.0}}]}',
+     ": epochs[0].cpu_time.rank_ms_per_step is nan, not a finite number"),
+    ('{"epochs": [{"cpu_time": {"loader_ms_per_step": 1.0}}]}',
+     ": epochs[0].cpu_time.rank_ms_per_step is missing; it must be a number >= 0"),
+    ('{"schema": 1, "config": {"mode": "ddp", "wor', " is not JSON ("),
+    ("", " is empty"),
+    ('{"a": 1}', " has none of the metrics JSON's `config`, `env` and `epochs`"),
+    ('{"ranks": [], "overall": {}}', " is a profile summary (.summary.json), not the run's metrics JSON"),
+    (b"SQLite format 3\x00\xff\xfe", " is not text (a binary file"),
+    (None, " is a folder"),
+], ids=["list", "config", "workers", "epoch", "epochs", "hosts", "grad_mb", "host", "cpu_time negative",
+        "cpu_time nan", "cpu_time keys", "cut off", "empty", "foreign", "summary", "binary", "folder"])
 def test_a_metrics_json_the_report_cannot_use_is_one_line_before_anything_is_written(tmp_path, capsys, text, says):
     """Before: AttributeError, ValueError or IsADirectoryError tracebacks deep in the analysis."""
     metrics = tmp_path / "run.metrics.json"
@@ -237,7 +246,7 @@ def test_a_metrics_json_the_report_cannot_use_is_one_line_before_anything_is_wri
         metrics.write_bytes(text if isinstance(text, bytes) else text.encode())
     status, _, err = run("report", [GOOD, "--out", tmp_path / "o", "--brief", "--metrics", metrics], capsys)
     line = one_line(status, err, "report")
-    assert line.startswith(f"report: metrics file {metrics} ") and says in line, line
+    assert line.startswith(f"report: metrics file {metrics}{says}"), line
     assert line.endswith("pass the metrics JSON the run wrote (<name>.metrics.json) with --metrics")
     assert not (tmp_path / "o").exists()
 

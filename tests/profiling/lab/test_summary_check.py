@@ -1,6 +1,7 @@
-"""A summary JSON given to the what-if is checked against docs/summary.schema.json on read: NaN,
-infinity, a negative time or a string where a number belongs is one line naming the field's path and the fix, exit 2;
---grad-mb takes finite sizes only. Summaries the report writes pass."""
+"""A summary JSON given to the what-if is parsed into the Summary record on read (handler/profiling/record/):
+NaN, infinity, a negative time or a string where a number belongs is one line naming the field's path and
+the fix, exit 2; --grad-mb takes finite sizes only. Summaries the report writes pass. docs/summary.schema.json
+is what the records generate, to the byte."""
 import copy
 import json
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from handler.profiling.analysis import summarize
-from handler.profiling.lab.summary_check import FIX, check_summary
+from handler.profiling.record.parse import SUMMARY_FIX as FIX, parse_summary as check_summary, schema
 from handler.profiling.trace import load_trace
 from handler.runtime.errors import UserError
 from tests.nsys_helpers import REPO
@@ -27,7 +28,7 @@ def written():
 @pytest.mark.xdist_group("summary_check")
 def test_the_summaries_the_report_writes_pass_the_check(written):
     for summary in written:
-        assert check_summary(json.loads(json.dumps(summary)), "s.json")["ranks"]
+        assert check_summary(json.loads(json.dumps(summary)), "s.json").ranks
 
 
 def set_at(summary: dict, path: tuple, value) -> dict:
@@ -46,7 +47,10 @@ CASES = [
     (("overall", "epoch_mean_s"), float("inf"), "overall.epoch_mean_s is inf, not a finite number"),
     (("ranks", 0, "loop", "between_steps_ms"), -120.0, "ranks[0].loop.between_steps_ms is -120.0, not a time >= 0"),
     (("ranks", 0, "epochs", 0, "time_s"), "7.6", "ranks[0].epochs[0].time_s is '7.6', not a time >= 0"),
-    (("ranks", 0, "loop", "phase_ms", "data"), -1.0, "ranks[0].loop.phase_ms.data is -1.0, not a time >= 0 or null"),
+    (("ranks", 0, "loop", "phase_ms", "data"), -1.0, "ranks[0].loop.phase_ms.data is -1.0, not a number >= 0"),
+    (("ranks", 0, "pipeline"), {"microbatches": "four"}, "ranks[0].pipeline.microbatches is 'four', not a whole number"),
+    (("ranks", 0, "pipeline"), {"microbatches": -1}, "ranks[0].pipeline.microbatches is -1, not a whole number"),
+    (("machine",), {"cpu_cores": True}, "machine.cpu_cores is True, not a whole number"),
     (("gpus",), [{**GPU, "compute_busy_share": "busy"}], "gpus[0].compute_busy_share is 'busy'"),
     (("gpus",), [{k: v for k, v in GPU.items() if k != "epochs_s"}], "gpus[0].epochs_s is missing"),
     (("ranks", 0, "loop"), [], "ranks[0].loop is [], not an object"),
@@ -84,3 +88,15 @@ def test_grad_mb_takes_a_finite_size_only(written, tmp_path, size):
     done = whatif(tmp_path / "s.json", "--grad-mb", size)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"--grad-mb {size} is not a size" in done.stderr and "--grad-mb 44.7" in done.stderr
+
+
+def test_the_committed_schema_is_what_the_records_generate():
+    """docs/summary.schema.json is made by `python -m handler.profiling.record --schema`; an edit of either
+    alone fails here."""
+    committed = (REPO / "docs" / "summary.schema.json").read_text()
+    assert committed == json.dumps(schema(), indent=2) + "\n", (
+        "docs/summary.schema.json differs from the records: run python -m handler.profiling.record --schema "
+        "> docs/summary.schema.json")
+    done = subprocess.run([sys.executable, "-m", "handler.profiling.record", "--schema"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == committed

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from handler.profiling import report
-from handler.profiling.lab.summary_check import FIX, SCHEMA, check_summary
+from handler.profiling.record.parse import SUMMARY_FIX as FIX, parse_summary, schema
 from handler.profiling.whatif import GRAD_MB, markdown, predictions
 from handler.runtime.errors import UserError
 from tests.nsys_helpers import REAL_EXPORTS, REPO, with_training_ranges
@@ -36,7 +36,7 @@ def written(tmp_path, export, name: str, metrics: dict | None = None) -> dict:
 @pytest.mark.parametrize("mode", ["dp", "ddp", "ddp_dali", "fsdp"])
 def test_a_mode_only_the_file_name_says_is_read_from_it_and_the_summary_says_so(tmp_path, mode):
     summary = written(tmp_path, CPU_RUN, f"{mode}_gpu1.sqlite")
-    assert check_summary(summary, "s") is summary
+    assert parse_summary(summary, "s").ranks
     run = summary["run"]
     assert run["mode"] == mode and run["mode_from"].startswith(f"file name {mode}_gpu1.sqlite")
     assert (run["nodes"], run["gpus_per_node"], run["processes"]) == (1, 0, 1)  # a CPU run: no GPU
@@ -49,7 +49,8 @@ def test_a_mode_only_the_file_name_says_is_read_from_it_and_the_summary_says_so(
 def test_the_metrics_json_comes_before_the_name_for_mode_model_gradients_nodes_and_the_ranks_cores(tmp_path):
     metrics = {"config": {"mode": "fsdp", "model": "resnet20", "workers": 2}, "model": {"grad_mb": 1.2345},
                "env": {"cpu_cores": 3, "nodes": 1, "torch_threads": 1}, "epochs": []}
-    summary = check_summary(written(tmp_path, CPU_RUN, "ddp_gpu1.sqlite", metrics), "s")
+    summary = written(tmp_path, CPU_RUN, "ddp_gpu1.sqlite", metrics)
+    parse_summary(summary, "s")
     run, machine = summary["run"], summary["machine"]
     assert (run["mode"], run["mode_from"]) == ("fsdp", "metrics config.mode")
     assert (run["model"], run["grad_mb"]) == ("resnet20", 1.2345) and run["grad_mb_from"].startswith("metrics model.grad_mb")
@@ -60,14 +61,16 @@ def test_the_metrics_json_comes_before_the_name_for_mode_model_gradients_nodes_a
 
 
 def test_a_two_process_cpu_run_is_valid_with_no_gpu_per_node(tmp_path):
-    summary = check_summary(written(tmp_path, DATA / "ddp_workers2_cpu2_nsys2022.4.sqlite", "run.sqlite"), "s")
+    summary = written(tmp_path, DATA / "ddp_workers2_cpu2_nsys2022.4.sqlite", "run.sqlite")
+    parse_summary(summary, "s")
     assert summary["run"]["processes"] == 2 and summary["run"]["gpus_per_node"] == 0
     assert summary["run"]["mode"] is None and summary["run"]["mode_from"].startswith("not recorded")
 
 
 def test_pp_is_read_from_its_ranges_with_its_stages_and_micro_batches(tmp_path):
     with_pp_ranges(REAL_EXPORTS["2026.2"], tmp_path / "pp.sqlite")
-    summary = check_summary(written(tmp_path, tmp_path / "pp.sqlite", "run.sqlite"), "s")
+    summary = written(tmp_path, tmp_path / "pp.sqlite", "run.sqlite")
+    parse_summary(summary, "s")
     run = summary["run"]
     assert (run["mode"], run["pp_stages"], run["pp_microbatches"], run["gpus_per_node"]) == ("pp", 2, 2, 2)
     assert run["mode_from"].startswith("report: pp's") and run["pp_from"].startswith("report:")
@@ -78,7 +81,9 @@ def two_gpus(tmp_path_factory) -> dict:
     """The summary the report writes of the real 2-GPU export with our ranges (one process per GPU)."""
     folder = tmp_path_factory.mktemp("two")
     with_training_ranges(REAL_EXPORTS["2026.2"], folder / "src.sqlite", batches=6)
-    return check_summary(written(folder, folder / "src.sqlite", "ddp_gpu2.sqlite"), "s")
+    summary = written(folder, folder / "src.sqlite", "ddp_gpu2.sqlite")
+    parse_summary(summary, "s")
+    return summary
 
 
 def whatif(path) -> subprocess.CompletedProcess:
@@ -115,8 +120,8 @@ DELETE = Deleted()
 # Each: what a reader misused before (a traceback, "-4 CPU cores", "link unbounded", a CPU prediction
 # of a 2-GPU run, "a run stopped inside its first epoch"), now one line naming the field.
 BAD = [
-    (("machine", "cpu_cores"), "16", "machine.cpu_cores is '16', not a whole number of cores"),
-    (("machine", "cpu_cores"), -4, "machine.cpu_cores is -4, not a whole number of cores"),
+    (("machine", "cpu_cores"), "16", "machine.cpu_cores is '16', not a whole number from 1 to 1e6"),
+    (("machine", "cpu_cores"), -4, "machine.cpu_cores is -4, not a whole number from 1 to 1e6"),
     (("machine", "loader_workers"), -2, "machine.loader_workers is -2, not a number of workers from 0"),
     (("gpus", 0, "nccl_kernel_s"), -0.5, "gpus[0].nccl_kernel_s is -0.5, not a time >= 0"),
     (("gpus", 0, "nccl_kernel_s"), "x", "gpus[0].nccl_kernel_s is 'x', not a time >= 0"),
@@ -164,7 +169,7 @@ def test_every_field_at_the_schemas_edges_gives_finite_epochs_or_one_line(two_gp
     for path, value in EDGES:
         summary = with_value(two_gpus, path, value)
         try:
-            found = predictions(check_summary(json.loads(json.dumps(summary)), "s"), (1, 2, 8))
+            found = predictions(parse_summary(json.loads(json.dumps(summary)), "s"), (1, 2, 8))
             text = "\n".join(markdown(found, "s"))
         except UserError as err:
             assert "\n" not in str(err), (path, value)
@@ -179,24 +184,26 @@ def test_every_field_at_the_schemas_edges_gives_finite_epochs_or_one_line(two_gp
 
 
 def test_the_schema_is_named_in_the_profiling_docs_and_describes_every_field():
-    from jsonschema import Draft202012Validator
-    schema = json.loads(SCHEMA.read_text())
-    Draft202012Validator.check_schema(schema)
+    made = schema()
     docs = (REPO / "docs" / "PROFILING.md").read_text()
-    assert "docs/summary.schema.json" in docs and "field table" not in docs
+    assert "docs/summary.schema.json" in docs and "python -m handler.profiling.record --schema" in docs
+
+    def described(node) -> bool:
+        ref = node.get("$ref") or next((o["$ref"] for o in node.get("anyOf", ()) if "$ref" in o), None)
+        return bool(node.get("description") or ref and made["$defs"][ref.rsplit("/", 1)[-1]].get("description"))
 
     def undescribed(node, at) -> list:
         if not isinstance(node, dict):
             return []
-        missing = [at] if ("properties" in node or "type" in node or "$ref" in node) and not node.get("description") \
-            else []
+        missing = [at] if ("properties" in node or "type" in node or "$ref" in node or "anyOf" in node) \
+            and not described(node) and not at.endswith("[]") else []
         for key, sub in (node.get("properties") or {}).items():
             missing += undescribed(sub, f"{at}.{key}")
         for key in ("items", "additionalProperties"):
             missing += undescribed(node.get(key), f"{at}[]")
         return missing
-    assert not undescribed(schema, "summary") + [d for name, d in schema["$defs"].items()
-                                                  for d in undescribed(d, f"$defs.{name}")]
+    assert not undescribed(made, "summary") + [d for name, d in made["$defs"].items()
+                                                for d in undescribed(d, f"$defs.{name}")]
 
 
 @pytest.mark.parametrize("report, mode", [("nsight_logs/ddp_dali_20251001_173345/gpu_2.nsys-rep", "ddp_dali"),

@@ -17,6 +17,11 @@ from handler.compare.results import build_rows
 from handler.compare.runner import Outcome
 from handler.profiling import whatif
 from handler.profiling.lab import whatif_folder
+from handler.profiling.lab.page import summary_row
+from handler.profiling.record.metrics import Metrics
+from handler.profiling.record.parse import parse_summary
+from handler.profiling.record.summary import CommConfig
+from handler.profiling.scaling.step import Stages
 from handler.profiling.scaling.links import POWERSGD_MB, Link
 from handler.profiling.scaling.step import Split
 from handler.profiling.whatif import predictions
@@ -157,8 +162,8 @@ def test_pp_has_no_all_reduce_and_its_pipeline_follows_the_bubble():
     for r in pp["ranks"]:
         r["pipeline"] = {"stage": r["rank"], "theoretical_bubble_share": 0.2, "span_s": 0.15 * 98}
     found = predictions(pp, (1, 2, 4))
-    assert found["mode"] == "pp" and found["split"].pipeline == {"stages": 2, "microbatches": 4, "span": 0.15,
-                                                            "from": "the report's theoretical bubble"}
+    assert found["mode"] == "pp" and found["split"].pipeline == Stages(**{"stages": 2, "microbatches": 4, "span": 0.15,
+                                                            "from_": "the report's theoretical bubble"})
     cells = by_count(found)
     assert [cells[n]["comm_ms"] for n in (1, 2, 4)] == [0.0, 0.0, 0.0]
     own = cells[2]["terms_ms"]["cores"]
@@ -204,7 +209,7 @@ def test_a_powersgd_rank_without_its_bytes_tabulated_is_said_in_one_line_not_sen
     from handler.runtime.errors import UserError
     with pytest.raises(UserError, match=r"PowerSGD rank 3 of model resnet18: its bytes are not in "
                                         r"handler/profiling/scaling/links.POWERSGD_MB"):
-        payload(44.696, "resnet18", {"hook": "powersgd", "powersgd_rank": 3}, None)
+        payload(44.696, "resnet18", CommConfig(hook="powersgd", powersgd_rank=3), None)
 
 
 def test_bench_whatif_from_results_of_a_missing_file_is_one_line(tmp_path):
@@ -218,8 +223,9 @@ def test_a_report_of_several_ranks_gives_the_link_its_rate_from_its_own_all_redu
     found = predictions(summary(ranks=2, comm_s=98 * 0.010, exposed_s=0.0, buckets=3), (2, 4))
     assert found["link"].source == "from this report's communication" and not found["link"].assumed
     assert by_count(found)[2]["comm_ms"] == pytest.approx(10.0)  # its own all-reduce, at its own count
-    assert whatif.mode_of({"report": "nsight_logs/dp_20251001_173345/gpu_2.nsys-rep"}, found["split"]) == "dp"
-    assert whatif.mode_of({"report": "nsight_logs/ddp_20251001_173345/gpu_2.nsys-rep"}, found["split"]) == "ddp"
+    for mode in ("dp", "ddp"):
+        named = parse_summary(summary(report=f"nsight_logs/{mode}_20251001_173345/gpu_2.nsys-rep"), "s")
+        assert whatif.mode_of(named, found["split"]) == mode
 
 
 def test_a_two_gpu_reports_nccl_kernels_give_the_link_and_whatif_takes_it_with_dash_dash_link(tmp_path):
@@ -266,8 +272,8 @@ def test_each_models_gradient_size_is_its_own_counted_parameters():
         assert sum(math.prod(s) for s in shapes) * 4 / 1e6 == pytest.approx(mb, abs=0.001), name
         for rank, sent in POWERSGD_MB[name].items():
             assert 4 * sum(sent_numel(s, rank) for s in shapes) / 1e6 == pytest.approx(sent, abs=1e-4), (name, rank)
-    assert gradient_mb({"config": {"model": "resnet18"}}) == pytest.approx(whatif.RESNET18_GRAD_MB, abs=0.001)
-    assert gradient_mb({"config": {"model": "resnet20"}}) == whatif.GRAD_MB["resnet20"]
+    assert gradient_mb(Metrics.model_validate({"config": {"model": "resnet18"}})) == pytest.approx(whatif.RESNET18_GRAD_MB, abs=0.001)
+    assert gradient_mb(Metrics.model_validate({"config": {"model": "resnet20"}})) == whatif.GRAD_MB["resnet20"]
 
 
 def test_a_run_killed_inside_its_first_epoch_gets_one_line_not_a_zero_division(tmp_path):
@@ -347,7 +353,7 @@ def test_compare_predicts_each_cell_from_its_variants_fewest_processes_into_resu
     two = cells["ddp x2"]
     assert two["measured_epoch_s"] == 11.0 and two["predicted_from"] == "ddp x1"
     # the base's measured epoch (10 s) times the model's step at 2 over its step at 1
-    found = by_count(predictions(CPU_1RANK, (1, 2), grad_mb=gradient_mb({"config": {"model": "resnet20"}})))
+    found = by_count(predictions(CPU_1RANK, (1, 2), grad_mb=gradient_mb(Metrics.model_validate({"config": {"model": "resnet20"}}))))
     assert two["predicted_epoch_s"] == pytest.approx(10.0 * found[2]["step_ms"] / found[1]["step_ms"])
     assert two["prediction_error"] == pytest.approx((two["predicted_epoch_s"] - 11.0) / 11.0)
     assert two["predicted_bound"] == "CPU-bound"
@@ -382,8 +388,7 @@ def test_compare_takes_a_cpu_variants_compute_at_two_ranks_from_the_other_varian
 
 
 def test_the_lab_page_section_predicts_each_mode_from_its_report_on_the_fewest_gpus():
-    rows = [{"mode": "ddp", "gpus": n, "epoch_s": s["overall"]["epoch_mean_s"], "ranks": s["ranks"],
-             "gpu_table": s["gpus"], "report": s["report"], "processes": n, "gpus_ran": n}
+    rows = [summary_row(s, {"mode": "ddp", "gpus": n, "report": s["report"]})
             for n, s in ((1, TA_DDP_1GPU), (2, summary(ranks=2, step_ms=180.2, inside_ms=33.0, busy_ms=51.7)))]
     lines = whatif_folder.lab_section(rows)
     assert "## What-if: the next run, predicted" in lines and whatif.ASSUMPTIONS in lines

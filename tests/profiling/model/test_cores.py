@@ -6,6 +6,8 @@ from dataclasses import replace
 import pytest
 
 from handler.profiling import whatif
+from handler.profiling.record.metrics import Metrics
+from handler.profiling.record.summary import Machine
 from handler.profiling.scaling.cores import cpu_time_of
 from handler.profiling.whatif import predictions
 from tests.profiling.lab.test_whatif import CPU_1RANK, TA_DDP_1GPU, TA_MEASURED, by_count, summary
@@ -80,11 +82,11 @@ def test_a_cpu_run_without_cpu_time_says_what_it_assumed_and_takes_other_reports
 def test_the_machine_block_takes_the_median_cpu_time_of_the_epochs_after_the_first():
     epochs = [{"cpu_time": {"loader_ms_per_step": l, "rank_ms_per_step": r}} for l, r in
               ((90.0, 3000.0), (40.0, 1400.0), (50.0, 1500.0), (45.0, 1450.0))]
-    found = cpu_time_of({"epochs": epochs})
+    found = cpu_time_of(Metrics.model_validate({"epochs": epochs}))
     assert (found["loader_cpu_ms"], found["rank_cpu_ms"]) == (45.0, 1450.0)
     assert "3 epochs after the first" in found["cpu_time_from"]
-    assert cpu_time_of({"epochs": epochs[:1]})["loader_cpu_ms"] == 90.0
-    assert cpu_time_of({"epochs": [{"epoch": 0}]})["loader_cpu_ms"] is None
+    assert cpu_time_of(Metrics.model_validate({"epochs": epochs[:1]}))["loader_cpu_ms"] == 90.0
+    assert cpu_time_of(Metrics.model_validate({"epochs": [{"epoch": 0}]}))["loader_cpu_ms"] is None
 
 
 # The TAs' host: their reports' CpuCores is not at hand. Assumed: 4 DataLoader workers a rank on a
@@ -107,7 +109,7 @@ def test_the_threads_efficiency_is_read_from_other_modes_with_their_own_loaders_
     from its 1-rank report is the machine's; a mode whose loader stalls more is not read as slower threads."""
     from handler.profiling.scaling.cores import cpu_parts, efficiency
     from handler.profiling.scaling.step import split_of
-    base, machine = split_of(cpu_run(2.0)), {**TWO_CORES, "loader_cpu_ms": 2.0}
+    base, machine = split_of(cpu_run(2.0)), Machine.model_validate({**TWO_CORES, "loader_cpu_ms": 2.0})
     compute, stall = cpu_parts(base, 2, machine)
     at_two = split_of({**cpu_run(2.0), "ranks": [dict(cpu_run(2.0)["ranks"][0], rank=r) for r in (0, 1)]})
     scale = (0.8 * compute + stall) / at_two.busy  # a measured 2-rank run whose compute took 0.8 of the model's
