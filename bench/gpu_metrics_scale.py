@@ -25,6 +25,7 @@ from contextlib import closing
 from pathlib import Path
 
 from bench.common import ROOT, context, emit, parser, table
+from handler.runtime.names import BACKWARD, BATCH, DATA, EPOCH, FORWARD, H2D, OPTIMIZER, Numbered
 from bench.profile_scale import old_code
 
 PERIOD_NS = 100_000  # 10 kHz
@@ -76,15 +77,21 @@ def base(db, samples: int, gpus: int) -> None:
     tid = PID << 24 | PID
     epoch_ns = steps * STEP_NS
     db.execute(f"""INSERT INTO NVTX_EVENTS WITH RECURSIVE e(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM e WHERE i < {EPOCHS - 1})
-                   SELECT {START_NS} + i * {epoch_ns}, {START_NS} + (i + 1) * {epoch_ns}, 'epoch ' || i, NULL, {tid} FROM e""")
-    phases = (("batch", 0, 10), ("data", 0, 1), ("h2d", 0.5, 1), ("forward", 1, 4), ("backward", 4, 8), ("optimizer", 8, 9))
-    for name, a, b in phases:
-        label = "'batch ' || (i % " + str(steps) + ")" if name == "batch" else f"'{name}'"
+                   SELECT {START_NS} + i * {epoch_ns}, {START_NS} + (i + 1) * {epoch_ns}, {_sql_name(EPOCH, "i")}, NULL, {tid} FROM e""")
+    phases = ((None, 0, 10), (DATA, 0, 1), (H2D, 0.5, 1), (FORWARD, 1, 4), (BACKWARD, 4, 8), (OPTIMIZER, 8, 9))
+    for name, a, b in phases:  # None: the step itself, `batch i`
+        label = _sql_name(BATCH, f"i % {steps}") if name is None else f"'{name}'"
         db.execute(f"""INSERT INTO NVTX_EVENTS WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s
                        WHERE i < {steps * EPOCHS - 1}) SELECT {START_NS} + i * {STEP_NS} + {int(a * 1e6)},
                        {START_NS} + i * {STEP_NS} + {int(b * 1e6)}, {label}, NULL, {tid} FROM s""")
     db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, 1, ?)",
                    [(START_NS, START_NS + span // 2, g, PID << 24, g) for g in range(gpus)])
+
+
+def _sql_name(name: Numbered, value: str) -> str:
+    """SQL for the range name with an SQL expression as its number: 'batch ' || (i % 5) || ''."""
+    before, after = name.template.split("{}")
+    return f"'{before}' || ({value}) || '{after}'"
 
 
 VALUE = "(s.i * 7 + m.id * 13 + g.g * 3) % 101"  # percent, the same in both layouts

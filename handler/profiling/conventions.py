@@ -47,7 +47,7 @@ KIT = Convention(
      (re.compile(r"backward(?:\s+pass)?", re.I), BACKWARD),
      (re.compile(r"optimi[sz]er(?:\s*step)?|Optimizer\.(?:step|zero_grad)#.*", re.I), OPTIMIZER),
      (re.compile(r"(?:load|fetch)\s+data|data\s+loading", re.I), DATA)),
-    ((_words("test"), TEST), (re.compile(r"validat(?:e|ion)", re.I), VALIDATE)))
+    ((_words(TEST), TEST), (re.compile(r"validat(?:e|ion)", re.I), VALIDATE)))
 TORCH_PROFILER = Convention("torch.profiler", None, re.compile(r"ProfilerStep#(\d+)"))
 BUILT_IN = (OURS, KIT, TORCH_PROFILER)  # tried in this order; ours first, so our runs read as before
 

@@ -80,7 +80,8 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         raise UserError(problem)
     with open_export(path) as db:  # a damaged page anywhere: one line naming the file
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "NVTX_EVENTS" not in tables:
+        if "NVTX_EVENTS" not in tables:  # damage first: what is there may be unreadable, not absent
+            _check(db, path, tables)
             raise UserError(not_an_export(path, tables) or f"{path} has no NVTX ranges; profile with --trace "
                             "including nvtx (scripts/launch.sh does) and let the run reach its training loop")
         events = _named_domains(db.execute(_nvtx_query(db, tables)).fetchall())
@@ -89,7 +90,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         metrics = find_source(path, db, tables)
         names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
         copies, peaks = load_copies(db, tables, columns, path), load_peaks(db, tables, columns, path)
-        _check_rest(db, path, tables, metrics)
+        _check(db, path, tables - {*WALKED, *([metrics.layout] if metrics is not None else [])})
     processes, source, given = (), "", convention
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
         processes, source = _processes(events)
@@ -115,13 +116,12 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
 WALKED = (KERNELS, *TRANSFERS, RUNTIME, "NVTX_EVENTS")  # read row by row in load_trace: a damaged page fails the read
 
 
-def _check_rest(db, path: Path, tables: set[str], metrics: MetricsSource | None) -> None:
-    """SQLite's quick_check of every table the reads do not walk (a damaged page in one the report
-    never reads is named too): the walked ones, most of a real export's pages, fail their own read
-    on a damaged page (open_export, sql_columns.read_arrow), so checking them again would double
-    the reads' work (nsys stats checks nothing)."""
-    walked = {*WALKED, *([metrics.layout] if metrics is not None else [])}
-    for table in sorted(tables - walked):
+def _check(db, path: Path, tables: set[str]) -> None:
+    """SQLite's quick_check of these tables: load_trace passes those its reads do not walk (a damaged
+    page in one the report never reads is named too). The walked ones, most of a real export's pages,
+    fail their own read on a damaged page (open_export, sql_columns.read_arrow), so checking them
+    again would double the reads' work (nsys stats checks nothing)."""
+    for table in sorted(tables):
         found = db.execute(f'PRAGMA quick_check("{table}")').fetchone()[0]
         if found != "ok":
             raise UserError(damaged(path, found))

@@ -11,16 +11,16 @@ from tests.nsys_helpers import REPO, path_without_nsys
 LAUNCH = REPO / "scripts" / "launch.sh"
 OPTIONS = REPO / "scripts" / "nsys_options.sh"
 
-# A stand-in nsys: `--version`, `profile --help` (listing $HELP_FLAG), and `profile ... --output X cmd...`
+# A stand-in nsys: `--version`, `profile --help` (listing $HELP_FLAG), and `profile ... --output=X cmd...`
+# (or `--output X`)
 # which prints $PROBE_OUTPUT when the command is `true` (launch's metrics probe), makes the report
 # unless PROBE_REPORT=0 and exits $PROBE_STATUS (0), and otherwise runs the command.
 FAKE_NSYS = """#!/usr/bin/env bash
 if [[ $1 == --version ]]; then echo "NVIDIA Nsight Systems version 2099.1.1-fake"; exit 0; fi
 if [[ $1 == profile && $2 == --help ]]; then echo "  $HELP_FLAG=<value>  GPU metrics"; exit 0; fi
 shift
-while [[ $# -gt 0 && $1 != --output ]]; do shift; done
-output="$2"
-shift 2
+while [[ $# -gt 0 && $1 != --output && $1 != --output=* ]]; do shift; done
+if [[ $1 == --output=* ]]; then output="${1#--output=}"; shift; else output="$2"; shift 2; fi
 if [[ $1 == true ]]; then
     echo "$PROBE_OUTPUT"
     [[ ${PROBE_REPORT:-1} == 1 ]] && touch "$output.nsys-rep"

@@ -36,6 +36,7 @@ FAKE_NSYS = f"""#!/bin/bash
 shift
 while [[ $1 == -* ]]; do
     if [[ $1 == --output ]]; then out=$2; shift; fi
+    [[ $1 == --output=* ]] && out=${{1#--output=}}
     shift
 done
 # busy: like nsys's agent, a fifth of a core while the program runs and exits (a program
@@ -324,7 +325,7 @@ PROBE_NSYS = f"""#!/bin/bash
 # nsys stand-in for the probes: makes the report, and leaves its agent running as nsys 2022.4
 # sometimes does after a tiny run (a daemon whose --session-name ends in this nsys's PID).
 [[ $1 == profile ]] || exit 1
-while [[ $# -gt 1 ]]; do [[ $1 == --output ]] && out=$2; shift; done
+while [[ $# -gt 1 ]]; do [[ $1 == --output ]] && out=$2; [[ $1 == --output=* ]] && out=${{1#--output=}}; shift; done
 (setsid "{sys.executable}" -c "import time; time.sleep(3600)" --start-agent \\
     --session-name="profile-true-$$" </dev/null >/dev/null 2>&1 & echo $! >"$PROBE_AGENT_PID")
 echo report >"$out.nsys-rep"

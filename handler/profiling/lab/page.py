@@ -244,8 +244,9 @@ def report_overlap(summary: Summary) -> PcieOverlap | None:
     if not found:
         return None
     tx, both = sum(o.tx_busy_samples for o in found), sum(o.both_busy_samples for o in found)
-    return PcieOverlap(tx_busy_samples=tx, both_busy_samples=both, share=both / tx if tx else None,
-                       busy_at=found[0].busy_at)
+    # the pooled counts may pass a count's bound (many GPUs); each part was validated
+    return PcieOverlap.model_construct(tx_busy_samples=tx, both_busy_samples=both, share=min(both, tx) / tx if tx else None,
+                                       busy_at=found[0].busy_at)
 
 
 def _saved(row: LabRow) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def test_a_machine_block_without_its_sources_is_read_as_not_recorded():
     """Defect 1: a machine block of the numbers alone (no cpu_cores_from, no loader_workers_from): KeyError."""
     bare = {**CPU_1RANK, "machine": {"cpu_cores": 4, "loader_workers": 2.0}}
     text = whatif.facts(whatif.predictions(bare, (1, 2)))
-    assert "4 CPU cores (not recorded)" in text and "2 loader workers per process (not recorded)" in text
+    assert "| CPU cores | 4 | not recorded |" in text and "| loader workers per process | 2 | not recorded |" in text
 
 
 def test_a_multi_node_cpu_fsdp_job_asked_at_one_count_is_predicted():
@@ -38,7 +38,7 @@ def test_a_multi_node_cpu_fsdp_job_asked_at_one_count_is_predicted():
     job = {**summary(ranks=4, step_ms=900.0, inside_ms=880.0, comm_s=0.5, exposed_s=0.2, steps=30, epochs=3),
            "run": {"mode": "fsdp", "mode_from": "metrics config.mode", "nodes": 2, "gpus_per_node": 0, "processes": 4}}
     found = whatif.predictions(job, (1,))
-    assert all(c["epoch_s"] > 0 for c in found["cells"]) and "2 nodes of 2" in whatif.facts(found)
+    assert all(c["epoch_s"] > 0 for c in found["cells"]) and "| nodes | 2 of 2: counts past 2 span nodes |" in whatif.facts(found)
 
 
 @pytest.mark.parametrize("value", ["four", -1, 0, 2.5])
@@ -80,7 +80,7 @@ def test_one_nodes_report_of_a_two_node_job_says_so_and_predicts_the_job_not_its
     assert (split.devices, split.processes) == (4, 4)
     assert by_count(found)[4]["step_ms"] == pytest.approx(job_split(parse_summary(written, "s"))[0].step * 1e3)
     lines = whatif.markdown(found, "s", {4: by_count(found)[4]["epoch_s"]})
-    assert lines[0].startswith("From s (4 GPUs, ") and "this report holds 2 of the job's ranks" in lines[0]
+    assert lines[0].startswith("From s (4 GPUs, ") and "this report holds 2 of the job's ranks" in whatif.facts(found)
     assert any(line.startswith("| 4 GPUs (2 nodes) |") and "its report" in line for line in lines)
     assert not any(line.startswith("| 2 GPUs |") and "its report" in line for line in lines)
 
@@ -97,7 +97,7 @@ def test_a_one_stage_pp_report_keeps_its_micro_batches(tmp_path):
     pp = summary(ranks=1, step_ms=200.0, inside_ms=200.0, report="nsight_logs/pp_20250930_120000/gpu_1.nsys-rep")
     pp["ranks"][0]["pipeline"] = {"stage": 0, "theoretical_bubble_share": 0.0, "span_s": 10.0, "microbatches": 8}
     found = whatif.predictions(pp, (1, 2))
-    assert found["split"].pipeline.microbatches == 8 and "pp: 8 micro-batches" in whatif.facts(found)
+    assert found["split"].pipeline.microbatches == 8 and "| pp micro-batches | 8 |" in whatif.facts(found)
     # at 2 stages the span is (M + 1) / 2 slots of the work over M: 9/16 of it, not 4 micro-batches' 5/8
     assert by_count(found)[2]["terms_ms"]["device" if found["split"].gpu else "cores"] == pytest.approx(
         by_count(found)[1]["terms_ms"]["device" if found["split"].gpu else "cores"] * 9 / 16)
