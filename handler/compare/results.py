@@ -7,6 +7,7 @@ from the nsys epoch ranges of a profiled cell (as its lab page reads them), else
 JSON's epoch timer. images/s is the metrics' median over the epochs after the first. Speed-up
 is against the same variant's smallest count that finished.
 """
+import math
 import dataclasses
 from dataclasses import dataclass
 from statistics import median
@@ -153,9 +154,10 @@ def _add_speedups(rows: list[Row]) -> None:
             continue
         base = done[0].epoch_s or 1.0
         for r in done:
-            r.speedup = base / (r.epoch_s or base)
+            speedup = base / (r.epoch_s or base)
+            r.speedup = speedup if math.isfinite(speedup) else None  # an epoch too short to divide by: no ratio
             r.ideal = r.count / done[0].count
-            r.efficiency = r.speedup / r.ideal
+            r.efficiency = r.speedup / r.ideal if r.speedup is not None else None
 
 
 def dataset_description(outcomes: list[Outcome]) -> str:

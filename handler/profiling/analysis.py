@@ -17,7 +17,7 @@ from .scaling.epochs import contract, of_written
 from .comm import comm_stats, first_comm_starts, stragglers
 from .conventions import library_of, unmatched_phases
 from .gpu_metrics import device_map
-from .gpu_metrics_summary import rank_metrics, rank_pcie_overlap, rank_phase_metrics, unplaced
+from .gpu_metrics.summary import rank_metrics, rank_pcie_overlap, rank_phase_metrics, unplaced
 from .gpu_view import gpu_stats, pipeline_threads
 from .scaling.run_facts import run_block
 from .stats import nesting_parents, percentile as _percentile

@@ -17,7 +17,7 @@ import numpy as np
 from handler.runtime.names import EPOCH
 
 from .columns import CHUNK, rowids
-from .gpu_metrics_summary import device_means
+from .gpu_metrics.summary import device_means
 from .sql_columns import read_columns
 from .stats import length, merge, merge_arrays, overlap
 

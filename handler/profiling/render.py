@@ -3,7 +3,7 @@ from handler.runtime.names import DATA, DATA_GPU, OUTSIDE_TRAINING, PHASES
 
 from .analysis import GPU_PHASES
 from .bubble import markdown_lines
-from .gpu_metrics_render import sections as gpu_metric_sections
+from .gpu_metrics.render import sections as gpu_metric_sections
 from .scaling.epochs import line as measured_line, of_written
 from .scaling.machine import machine_line
 

@@ -52,7 +52,7 @@ def read_columns(export: Path, sql: str, dtypes: dict[str, str]) -> dict[str, np
 
 
 def read_arrow(export: Path, sql: str):
-    """The query's result as one Arrow table (gpu_metrics_read.py parses a text column of it in bulk).
+    """The query's result as one Arrow table (gpu_metrics/read.py parses a text column of it in bulk).
     SQLite's complaint (a damaged page, a missing column) is the one line nsys.message_error words."""
     try:
         import connectorx  # imported here: the report's start-up (one-line errors, --help) needs none of it

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from handler.profiling import bubble, gpu_metrics, gpu_metrics_read, gpu_metrics_summary, stats, trace
+from handler.profiling import bubble, gpu_metrics, stats, trace
+from handler.profiling.gpu_metrics import read as gpu_metrics_read, summary as gpu_metrics_summary
 from handler.profiling.report import load_metrics
 from handler.runtime.errors import UserError
 from tests.nsys_helpers import REPO, path_without_nsys, profile, require_nsys

@@ -4,7 +4,7 @@ On top the steps and phases of every rank as bands; under them, per sampled GPU,
 SM Active, DRAM (read and write, or bandwidth) and PCIe (TX and RX together: DP's lone TX tail on
 GPU 0, DDP's TX and RX at once, what students screenshot from the Nsight GUI). Without GPU metrics
 the figure holds the bands alone. The values come from the one pass over the export's samples
-(gpu_metrics_summary.window_samples). The returned dict, stored in lab.json, lists what was drawn,
+(gpu_metrics.summary.window_samples). The returned dict, stored in lab.json, lists what was drawn,
 read back from the figure itself.
 """
 from typing import Any
@@ -15,8 +15,8 @@ import numpy as np
 from handler.runtime.names import BATCH, PHASES, RANK
 
 from ..gpu_metrics import KEYS
-from ..gpu_metrics_read import Chunk
-from ..gpu_metrics_summary import STEADY_STEPS, figure_window as window, window_samples
+from ..gpu_metrics.read import Chunk
+from ..gpu_metrics.summary import STEADY_STEPS, figure_window as window, window_samples
 from ..trace import Trace
 
 LANES = (("SM Active", ("sm_active_pct",)),

@@ -23,7 +23,7 @@ from handler.runtime.names import EPOCH
 
 from ..analysis import summarize
 from .figures import draw
-from ..gpu_metrics_render import lab_cell, lab_columns
+from ..gpu_metrics.render import lab_cell, lab_columns
 from ..nsys import sqlite_export
 from ..trace import Trace, load_trace
 from ..scaling.epochs import RULE as EPOCH_RULE, of_summary, short as epoch_note
@@ -89,6 +89,8 @@ def verdict(summary: Summary | dict[str, object]) -> dict[str, Any]:
         split = job_split(summary)[0]
     except UserError as err:
         return {"bound_s": None, "bound": None, "line": f"no bound: {err}"}
+    if split.step <= 0:  # every step range of zero length: there is no time to split
+        return {"bound_s": None, "bound": None, "line": "no bound: the report's steps last no measurable time"}
     terms = own_terms(split)
     _, keeps_up = step_of(terms, split.gpu)
     bound, step_ms = bound_of(terms), split.step * 1e3

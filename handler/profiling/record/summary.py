@@ -73,7 +73,7 @@ class Stat(Record):
 
 
 class PcieOverlap(Record):
-    """Of the instants inside the epochs when a GPU's PCIe TX was busy, those when RX was busy too (gpu_metrics_joint.py)."""
+    """Of the instants inside the epochs when a GPU's PCIe TX was busy, those when RX was busy too (gpu_metrics/joint.py)."""
     tx_busy_samples: Count
     """Instants with TX busy."""
     both_busy_samples: Count
@@ -247,7 +247,7 @@ class CaptureWindow(Record):
 
 
 class Unplaced(Record):
-    """The GPU-metric values the report read and where those it could not place went (gpu_metrics_summary.unplaced)."""
+    """The GPU-metric values the report read and where those it could not place went (gpu_metrics.summary.unplaced)."""
     layout: Text
     """GPU_METRICS (nsys 2023 on) or GENERIC_EVENTS (nsys 2022.x)."""
     values: Count

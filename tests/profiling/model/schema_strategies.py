@@ -64,9 +64,11 @@ def _numbers(node: dict[str, Any]) -> st.SearchStrategy[float]:
     most = node.get("maximum", node.get("exclusiveMaximum", 1e7))
     edges = [v for v in (least, most, 1e-300 + least, least + 1e-9, 0.5 * (least + most))
              if ("exclusiveMinimum" not in node or v > least) and ("exclusiveMaximum" not in node or v < most)]
-    inside = st.floats(least, most, allow_nan=False, allow_infinity=False,
-                       exclude_min="exclusiveMinimum" in node, exclude_max="exclusiveMaximum" in node)
-    return st.one_of(st.sampled_from([float(v) for v in edges]), inside, st.floats(max(least, 0.0), min(most, 1e4)))
+    open_ends = {"exclude_min": "exclusiveMinimum" in node, "exclude_max": "exclusiveMaximum" in node}
+    inside = st.floats(least, most, allow_nan=False, allow_infinity=False, **open_ends)
+    small = st.floats(max(least, 0.0), min(most, 1e4), exclude_min=open_ends["exclude_min"] and least >= 0.0,
+                      exclude_max=open_ends["exclude_max"] and most <= 1e4)
+    return st.one_of(st.sampled_from([float(v) for v in edges]), inside, small)
 
 
 def _objects(node: dict[str, Any], defs: dict[str, Any], overrides: dict[str, st.SearchStrategy[Any]],

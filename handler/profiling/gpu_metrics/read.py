@@ -19,8 +19,8 @@ import numpy as np
 
 from handler.runtime.errors import UserError
 
-from .gpu_metrics import JOINT, KEYS, MetricsSource
-from .sql_columns import read_arrow, read_columns
+from . import JOINT, KEYS, MetricsSource
+from ..sql_columns import read_arrow, read_columns
 
 READERS = 1  # chunks read at once beside the summing thread; 2 gained nothing on the 2-core box (docs/RESULTS.md)
 NO_TIME = -(1 << 62)  # a sample without a timestamp: outside every epoch

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from handler.profiling import gpu_metrics_read
+from handler.profiling.gpu_metrics import read as gpu_metrics_read
 from handler.profiling.analysis import summarize
 from handler.profiling.gpu_metrics import metric_key
 from handler.profiling.render import markdown

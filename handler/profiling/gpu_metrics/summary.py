@@ -1,6 +1,6 @@
 """The summary's GPU-metric blocks (docs/PROFILING.md, "GPU metrics"; docs/summary.schema.json).
 
-One pass over the export's samples places every value for every rank at once (gpu_metrics_place.py);
+One pass over the export's samples places every value for every rank at once (gpu_metrics/place.py);
 the result is kept with the trace's metrics source, so the ranks, the per-GPU table and the page
 read it without a second pass.
 """
@@ -8,9 +8,9 @@ import numpy as np
 
 from handler.runtime.names import BATCH
 
-from .gpu_metrics import device_map
-from .gpu_metrics_read import Chunk
-from .gpu_metrics_place import BUSY, REGIONS, Owner, Sums, merged, owner, place
+from . import device_map
+from .read import Chunk
+from .place import BUSY, REGIONS, Owner, Sums, merged, owner, place
 
 STEADY_STEPS = 4
 

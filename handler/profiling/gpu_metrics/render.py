@@ -6,7 +6,7 @@ one line per kind of value the report could not place.
 """
 from typing import Any
 
-from .gpu_metrics_place import REGIONS
+from .place import REGIONS
 
 NA = "n/a"
 # (column, keys in order of preference): the first key a GPU holds fills the column

@@ -2,8 +2,8 @@
 (the PCIe overlap). docs/PROFILING.md, "GPU metrics"."""
 import numpy as np
 
-from .gpu_metrics import JOINT, KEYS, MetricsSource
-from .gpu_metrics_read import Chunk
+from . import JOINT, KEYS, MetricsSource
+from .read import Chunk
 
 
 class Joint:

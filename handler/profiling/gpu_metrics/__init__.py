@@ -16,8 +16,8 @@ releases ("SMs Active [Throughput %]", "SM Active", "PCIe RX Throughput", "DRAM 
 without one is a percentage (nsys' documentation defines every metric read here as one). A metric
 this GPU does not sample is simply absent from the summary.
 
-The samples themselves are never held: gpu_metrics_read.py streams them as columns and
-gpu_metrics_place.py sums them where they fall.
+The samples themselves are never held: gpu_metrics/read.py streams them as columns and
+gpu_metrics/place.py sums them where they fall.
 """
 import json
 import re

@@ -15,7 +15,7 @@ from handler.profiling.analysis import summarize
 from handler.profiling.lab.page import write_lab
 from handler.profiling.trace import load_trace
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "nsys" / "aiprofiler_secondOptimization.sqlite.gz"
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "nsys" / "aiprofiler_secondOptimization.sqlite.gz"
 FIELDS = {"sm_active_pct": "SM Active", "dram_read_pct": "DRAM Read Throughput", "dram_write_pct": "DRAM Write Throughput",
           "pcie_rx_pct": "PCIe RX Throughput", "pcie_tx_pct": "PCIe TX Throughput"}
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from handler.runtime.names import BATCH, EPOCH, PHASES
 
-from .gpu_metrics import KEYS, MetricsSource
-from .gpu_metrics_joint import Joint
-from .gpu_metrics_read import Chunk, chunks
+from . import KEYS, MetricsSource
+from .joint import Joint
+from .read import Chunk, chunks
 
 REGIONS = ("epochs", *PHASES, "other", "comm")
 OTHER, COMM = REGIONS.index("other"), REGIONS.index("comm")
