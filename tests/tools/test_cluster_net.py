@@ -31,12 +31,22 @@ def net(tmp_path_factory):
         server = subprocess.Popen(["bash", str(SCRIPT), "exec", "node2", sys.executable, str(PROBE), "serve"],
                                   env={**os.environ, **cluster.env}, start_new_session=True,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        answered(cluster, server)
         yield cluster
     finally:
         if server is not None:  # only the process group started here
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         cluster.script("down", timeout=120)
+
+
+def answered(cluster: Cluster, server: subprocess.Popen, within_s: float = 60) -> None:
+    """Returns once node2's echo server answers: on a busy box its Python takes seconds to
+    start, and a datagram sent before that is lost (the tests count every loss)."""
+    deadline = time.monotonic() + within_s
+    while probe(cluster, "rtt", "--count", "1")["lost"]:
+        assert server.poll() is None, f"the probe's server on node2 ended (exit {server.returncode})"
+        assert time.monotonic() < deadline, f"the probe's server on node2 did not answer in {within_s:.0f} s"
 
 
 def probe(cluster: Cluster, what: str, *options) -> dict[str, Any]:
@@ -47,6 +57,7 @@ def probe(cluster: Cluster, what: str, *options) -> dict[str, Any]:
 def rtt(cluster: Cluster) -> float:
     found = probe(cluster, "rtt", "--count", "10")
     assert found["lost"] == 0, found
+    print(f"rtt: {found}")  # shown beside a failure: the spread, not only the median
     return found["rtt_ms_median"]
 
 
