@@ -27,11 +27,21 @@ GPU_PHASES = (*PHASES, DATA_GPU)
 NCCL_RANGE = "nccl"  # NCCL's own NVTX ranges: ncclAllReduce, ncclBroadcast, ncclReduce, ...  # the GPU view adds the input pipeline's own GPU work
 
 
+def host_named(mark: str | None, hostname: str | None, env_host: str | None) -> tuple[str | None, str]:
+    """(a rank's host, the source that named it), in this order: its `host NAME` mark, the export's
+    TARGET_INFO_SYSTEM_ENV `Hostname` (nsys records the host it ran on), the metrics' env.hosts."""
+    for host, source in ((mark, "host mark"), (hostname, "export Hostname"), (env_host, "metrics env.hosts")):
+        if host:
+            return host, source
+    return None, "not recorded: no host mark, Hostname or metrics env.hosts"
+
+
 def summarize(trace: Trace, metrics: dict[str, Any] | None = None, report: Any = None) -> dict[str, Any]:
     """report: the report's path, the run block's last source for the mode (scaling/run_facts.py)."""
     ranks = [_rank(p, trace) for p in trace.processes]
-    for rank in ranks:  # profiles without host marks: the metrics JSON's env.hosts, if given
-        rank["host"] = rank["host"] or ((metrics or {}).get("env") or {}).get("hosts", {}).get(str(rank["rank"]))
+    env_hosts = ((metrics or {}).get("env") or {}).get("hosts") or {}
+    for rank in ranks:  # its host mark, else the export's Hostname, else the metrics JSON's env.hosts
+        rank["host"], rank["host_from"] = host_named(rank["host"], trace.hostname, env_hosts.get(str(rank["rank"])))
     for rank, stage in zip(ranks, pipeline_stats(trace.processes, trace.gpu)):  # pp runs only; else None
         rank["pipeline"] = stage
     summary = {"schema": 1, "rank_source": trace.rank_source, "gpu_trace": trace.gpu is not None,

@@ -49,11 +49,11 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
         summary = summarize(trace, metrics)
         parse_summary(summary, f"{name}'s summary", "report it, with the report, as a bug")  # the records' contract
         offset, started = clock_offset(export)
-        marks = {p.pid: p.host for p in trace.processes}
-        hostname = export_hostname(export)
-        for rank in summary["ranks"]:
-            rank["host"], rank["host_from"] = host_named(marks.get(rank["pid"]), hostname, rank["host"],
-                                                          _host_from_name(name))
+        for rank in summary["ranks"]:  # named by the report (analysis.host_named), else by its file's name
+            if rank["host"] is None and (node := _host_from_name(name)):
+                rank["host"], rank["host_from"] = node, "file name"
+            elif rank["host"] is None:
+                rank["host_from"] = "not recorded: no host mark, Hostname, metrics env.hosts or node in the file name"
             rank["report"] = name
             if any(r["rank"] == rank["rank"] for r in ranks):
                 raise UserError(f"rank {rank['rank']} appears in {name} and in an earlier report; pass the "
@@ -84,26 +84,6 @@ def merge(exports: list[tuple[str, Path]], metrics: dict | None = None) -> dict:
            "gpus": gpus or None}
     job["run"] = run_block(job, metrics, [name for name, _ in exports])
     return job
-
-
-def export_hostname(export: Path) -> str | None:
-    """The host nsys recorded the report on (TARGET_INFO_SYSTEM_ENV `Hostname`); None where not exported."""
-    with open_export(export) as db:
-        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "TARGET_INFO_SYSTEM_ENV" not in tables:
-            return None
-        row = db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'").fetchone()
-    return (str(row[0]).strip() or None) if row and row[0] is not None else None
-
-
-def host_named(mark: str | None, hostname: str | None, env_host: str | None,
-               file_name: str | None) -> tuple[str | None, str]:
-    """(a rank's host, the source that named it): the module's docstring gives the order."""
-    for host, source in ((mark, "host mark"), (hostname, "export Hostname"), (env_host, "metrics env.hosts"),
-                         (file_name, "file name")):
-        if host:
-            return host, source
-    return None, "not recorded: no host mark, Hostname, metrics env.hosts or node in the file name"
 
 
 def job_machine(machines: list[dict]) -> dict:

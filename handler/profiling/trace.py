@@ -68,6 +68,7 @@ class Trace:
     convention: str = OURS.name  # the naming convention its ranges were read by (conventions.py)
     copies: Copies | None = None  # memcpy rows with their kind and bytes; None: none recorded
     memory_peaks: dict | None = None  # CUDA device -> peak bytes (--cuda-memory-usage); None: not recorded
+    hostname: str | None = None  # TARGET_INFO_SYSTEM_ENV `Hostname`: the host nsys recorded on; None: not exported
 
 
 def _pid(global_id: int) -> int:
@@ -90,6 +91,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         metrics = find_source(path, db, tables)
         names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
         copies, peaks = load_copies(db, tables, columns, path), load_peaks(db, tables, columns, path)
+        hostname = _hostname(db, tables)
         _check(db, path, tables - {*WALKED, *([metrics.layout] if metrics is not None else [])})
     processes, source, given = (), "", convention
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
@@ -110,7 +112,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
                         "the lab kit ('Epoch N' > 'Batch N') or torch.profiler ('ProfilerStep#N') name them; "
                         "name yours with --ranges epoch='Epoch *' step='Batch *' (docs/PROFILING.md)")
     processes = tuple(_cut_short(p, capture_end) for p in processes)
-    return Trace(processes, source, gpu, metrics, names, devices, (convention or OURS).name, copies, peaks)
+    return Trace(processes, source, gpu, metrics, names, devices, (convention or OURS).name, copies, peaks, hostname)
 
 
 WALKED = (KERNELS, *TRANSFERS, RUNTIME, "NVTX_EVENTS")  # read row by row in load_trace: a damaged page fails the read
@@ -258,6 +260,14 @@ def _unnamed(text: str) -> str:
     ours read with --ranges) is kept apart, so it neither doubles the convention's epochs and steps
     nor clashes with the epoch 0 of a convention without epochs."""
     return f"({text})" if EPOCH.match(text) or BATCH.match(text) else text
+
+
+def _hostname(db, tables) -> str | None:
+    """The host nsys recorded the report on (TARGET_INFO_SYSTEM_ENV `Hostname`); None where not exported."""
+    if "TARGET_INFO_SYSTEM_ENV" not in tables or not {"name", "value"} <= columns(db, "TARGET_INFO_SYSTEM_ENV"):
+        return None
+    row = db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'").fetchone()
+    return (str(row[0]).strip() or None) if row and row[0] is not None else None
 
 
 def _thread_names(db, tables) -> dict:

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from handler.profiling.analysis import summarize
-from handler.profiling.merge import host_named, markdown_lines, merge
+from handler.profiling.analysis import host_named, summarize
+from handler.profiling.merge import markdown_lines, merge
+from handler.profiling.record.parse import parse_summary
 from handler.profiling.trace import load_trace
 from handler.runtime.errors import UserError
 from tests.nsys_helpers import REAL_EXPORTS, REPO, with_training_ranges
@@ -172,9 +173,34 @@ def test_reports_without_host_marks_or_node_names_are_told_apart_by_the_exports_
     assert "| export Hostname |" in "\n".join(markdown_lines(merged))
 
 
-def test_a_host_mark_comes_first_then_the_hostname_then_the_metrics_then_the_file_name():
-    assert host_named("node1", "gpu-a", "m", "n7") == ("node1", "host mark")
-    assert host_named(None, "gpu-a", "m", "n7") == ("gpu-a", "export Hostname")
-    assert host_named(None, None, "m", "n7") == ("m", "metrics env.hosts")
-    assert host_named(None, None, None, "n7") == ("n7", "file name")
-    assert host_named(None, None, None, None)[0] is None
+def test_a_host_mark_comes_first_then_the_hostname_then_the_metrics():
+    assert host_named("node1", "gpu-a", "m") == ("node1", "host mark")
+    assert host_named(None, "gpu-a", "m") == ("gpu-a", "export Hostname")
+    assert host_named(None, None, "m") == ("m", "metrics env.hosts")
+    assert host_named(None, None, None) == (None, "not recorded: no host mark, Hostname or metrics env.hosts")
+
+
+def test_a_single_report_without_host_marks_takes_its_host_from_the_exports_hostname(tmp_path):
+    """One report, no `host` mark (the kit's runs have none): its ranks' host is the host nsys recorded on."""
+    export = tmp_path / "one.sqlite"
+    with_training_ranges(REAL_EXPORTS["2026.2"], export, batches=4)
+    with sqlite3.connect(export) as db:
+        db.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = 'gpu-node-7' WHERE name = 'Hostname'")
+    summary = summarize(load_trace(export), {"env": {"hosts": {"0": "from-metrics"}}})
+    assert [(r["host"], r["host_from"]) for r in summary["ranks"]] == [
+        ("gpu-node-7", "export Hostname"), ("gpu-node-7", "export Hostname")]
+    parse_summary(summary, "one.summary.json", "report it as a bug")  # host_from is declared
+
+
+def test_a_merge_names_a_node_from_its_file_name_only_where_its_report_names_none(tmp_path):
+    full = tmp_path / "full.sqlite"
+    layout = with_training_ranges(REAL_EXPORTS["2026.2"], full, batches=4)
+    parts = []
+    for (pid, entry), name in zip(sorted(layout.items(), key=lambda kv: kv[1]["rank"]), ("77_n1.sqlite", "77_n2.sqlite")):
+        target = one_host(full, tmp_path / name, pid, entry["tid"], "unused")
+        with sqlite3.connect(target) as db:
+            db.execute("DELETE FROM NVTX_EVENTS WHERE text LIKE 'host %'")
+            db.execute("DELETE FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'")
+        parts.append((name, target))
+    merged = merge(parts)
+    assert [(r["host"], r["host_from"]) for r in merged["ranks"]] == [("n1", "file name"), ("n2", "file name")]

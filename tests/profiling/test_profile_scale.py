@@ -4,6 +4,7 @@ golden_summaries.json holds what the analysis computed before it was rewritten t
 (tests/profiling/scale_inputs.py says how it was made); the rewrite must give the same.
 """
 import json
+import sqlite3
 
 import pytest
 
@@ -11,18 +12,18 @@ from bench.profile_tile import tile
 from handler.profiling.analysis import summarize
 from handler.profiling.trace import load_trace
 from tests.nsys_helpers import REAL_EXPORTS
-from tests.profiling.scale_inputs import GOLDEN, summaries
+from tests.profiling.scale_inputs import GOLDEN, build, summaries
 
 
 # Keys added after the golden file was written (docs/PROFILING.md, "Any training profile"): each
 # summary must hold them, and everything else must equal the golden file bit for bit.
 ADDED = {"convention", "gpus", "model", "run", "measured_epoch"}
-ADDED_PER_RANK = {"setup", "setup_libraries", "loop", "nccl_ranges"}
+ADDED_PER_RANK = {"setup", "setup_libraries", "loop", "nccl_ranges", "host", "host_from"}  # host: checked below
 
 
 def test_summaries_of_the_real_exports_equal_the_old_analysis_bit_for_bit(tmp_path):
     golden = json.loads(GOLDEN.read_text())
-    now = summaries(tmp_path)
+    now, paths = summaries(tmp_path), build(tmp_path)
     assert sorted(now) == sorted(golden)
     for name in golden:
         assert ADDED <= set(now[name]) and all(ADDED_PER_RANK <= set(r) for r in now[name]["ranks"])
@@ -30,6 +31,18 @@ def test_summaries_of_the_real_exports_equal_the_old_analysis_bit_for_bit(tmp_pa
         old["ranks"] = [{k: v for k, v in r.items() if k not in ADDED_PER_RANK} for r in old["ranks"]]
         assert not differences(old, golden[name]), (name, differences(old, golden[name])[:10])
         assert now[name]["convention"] == "ours"
+        hostname = _hostname(paths[name])  # no host mark in these: the export's own Hostname, where it has one
+        assert [(r["host"], r["host_from"]) for r in now[name]["ranks"]] == [
+            (hostname, "export Hostname") if hostname else (None, "not recorded: no host mark, Hostname or metrics env.hosts")
+        ] * len(now[name]["ranks"])
+
+
+def _hostname(export) -> str | None:
+    with sqlite3.connect(export) as db:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'TARGET_INFO_SYSTEM_ENV'").fetchone():
+            return None
+        row = db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'").fetchone()
+    return row[0] if row else None
 
 
 def differences(a, b, at="") -> list[str]:

@@ -89,7 +89,10 @@ class Rank(Record):
     rank: Count = 0
     """The rank (its `rank N` mark, else pid order)."""
     host: TextOrNull = None
-    """The rank's host (its `host NAME` mark, else the metrics' env.hosts)."""
+    """The rank's host: its `host NAME` mark, else the export's `Hostname`, else the metrics' env.hosts (a merge: else
+    the node in the report's file name)."""
+    host_from: TextOrNull = None
+    """Which of those named it, or why none did."""
     pid: CountOrNull = None
     """The process id in the report."""
     loop: Loop
