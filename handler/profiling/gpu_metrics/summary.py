@@ -4,6 +4,8 @@ One pass over the export's samples places every value for every rank at once (gp
 the result is kept with the trace's metrics source, so the ranks, the per-GPU table and the page
 read it without a second pass.
 """
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from handler.runtime.names import BATCH
@@ -11,6 +13,9 @@ from handler.runtime.names import BATCH
 from . import device_map
 from .read import Chunk
 from .place import BUSY, REGIONS, Owner, Sums, merged, owner, place
+
+if TYPE_CHECKING:
+    from ..trace import Trace
 
 STEADY_STEPS = 4
 
@@ -28,7 +33,7 @@ def placed(trace) -> Sums | None:
     return sums
 
 
-def figure_window(trace) -> tuple[int, int] | None:
+def figure_window(trace: "Trace") -> tuple[int, int] | None:
     """A few steps from the middle of the first rank's steps: past warm-up, before the end (the lab's figure)."""
     steps = sorted((r for r in trace.processes[0].ranges if BATCH.match(r.name)), key=lambda r: r.start) \
         if trace.processes else []
@@ -40,7 +45,7 @@ def figure_window(trace) -> tuple[int, int] | None:
     return chosen[0].start, after
 
 
-def window_samples(trace) -> Chunk | None:
+def window_samples(trace: "Trace") -> Chunk | None:
     """The values inside figure_window, as they are; None without metrics."""
     sums = placed(trace)
     if sums is None:

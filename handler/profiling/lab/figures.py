@@ -7,7 +7,9 @@ the figure holds the bands alone. The values come from the one pass over the exp
 (gpu_metrics.summary.window_samples). The returned dict, stored in lab.json, lists what was drawn,
 read back from the figure itself.
 """
-from typing import Any
+# pyright: reportUnknownMemberType=false
+# (matplotlib's own annotations leave its methods' **kwargs untyped; everything of ours here is typed)
+from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,9 @@ from ..gpu_metrics import KEYS
 from ..gpu_metrics.read import Chunk
 from ..gpu_metrics.summary import STEADY_STEPS, figure_window as window, window_samples
 from ..trace import Trace
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 LANES = (("SM Active", ("sm_active_pct",)),
          ("DRAM", ("dram_read_pct", "dram_write_pct", "dram_bw_pct", "dram_read_mbps", "dram_write_mbps",
@@ -45,7 +50,8 @@ def draw(trace: Trace, path: Path, title: str) -> dict[str, Any]:
                              sharex=True, squeeze=False)
     t0 = span[0] if span else 0
     bands = _bands(axes[0, 0], trace, span, t0)
-    drawn, panels = [], {}
+    drawn: list[dict[str, Any]] = []
+    panels: dict[int, list[str]] = {}
     for ax, (gpu, name, keys) in zip(axes[1:, 0], lanes):
         for key in keys:
             pick = (samples.gpu == gpu) & (samples.key == KEYS.index(key))
@@ -53,7 +59,7 @@ def draw(trace: Trace, path: Path, title: str) -> dict[str, Any]:
             ax.plot((samples.time[pick][order] - t0) / 1e6, samples.value[pick][order], label=key, linewidth=0.8)
         ax.set_ylabel(f"GPU {gpu}\n{name}", fontsize=7)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        series = [line.get_label() for line in ax.get_lines()]
+        series = [str(line.get_label()) for line in ax.get_lines()]
         drawn.append({"gpu": gpu, "lane": name, "series": series})
         panels.setdefault(gpu, []).extend(series)
     axes[-1, 0].set_xlabel("ms from the window's start")
@@ -66,14 +72,14 @@ def draw(trace: Trace, path: Path, title: str) -> dict[str, Any]:
             "panels": [{"gpu": g, "series": s} for g, s in panels.items()], "lanes": drawn, "bands": bands}
 
 
-def _bands(ax, trace: Trace, span, t0: int) -> list[dict]:
+def _bands(ax: "Axes", trace: Trace, span: tuple[int, int] | None, t0: int) -> list[dict[str, Any]]:
     """Per rank, its steps (thin, above) and phases (below) inside the window."""
-    drawn = []
+    drawn: list[dict[str, Any]] = []
     for row, process in enumerate(trace.processes):
         inside = [r for r in process.ranges if span and r.end > span[0] and r.start < span[1]]
         steps = [(r.start, r.end) for r in inside if BATCH.match(r.name)]
         ax.broken_barh([((a - t0) / 1e6, (b - a) / 1e6) for a, b in steps], (row + 0.6, 0.3), facecolors="#444444")
-        names = []
+        names: list[str] = []
         for phase in PHASES:
             bars = [((r.start - t0) / 1e6, r.seconds * 1e3) for r in inside if r.name == phase]
             if bars:
