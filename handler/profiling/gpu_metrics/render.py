@@ -4,6 +4,7 @@ Per GPU: SM Active, DRAM read and write (or bandwidth) and PCIe RX and TX, mean 
 epochs; per phase the means of the same; the PCIe overlap (docs/PROFILING.md, "GPU metrics"); and
 one line per kind of value the report could not place.
 """
+from collections.abc import Mapping
 from typing import Any
 
 from .place import REGIONS
@@ -17,9 +18,9 @@ COLUMNS = (("SM Active %", ("sm_active_pct",)), ("SM Issue %", ("sm_issue_pct",)
 PHASE_COLUMNS = ("SM Active %", "DRAM read", "PCIe RX", "PCIe TX")
 
 
-def columns_of(values: dict) -> dict:
+def columns_of(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """{column: (key, unit)} of the columns this GPU's metrics fill."""
-    out = {}
+    out: dict[str, tuple[str, str]] = {}
     for column, keys in COLUMNS:
         key = next((k for k in keys if k in values), None)
         if key:
@@ -92,15 +93,14 @@ def _cuda_of(rank: dict, gpu: str) -> str:
     return "cuda " + ",".join(cudas) if cudas else NA
 
 
-def lab_columns(gpu_rows: list[dict[str, Any]]) -> list[str]:
-    """The lab page's metric columns that some GPU of its reports fills, in COLUMNS' order."""
-    return [c for c, _ in COLUMNS if c != "SM Issue %" and any(c in columns_of(g.get("metrics") or {}) for g in gpu_rows)]
+def lab_columns(gpu_metrics: list[Mapping[str, float | None] | None]) -> list[str]:
+    """The lab page's metric columns that some GPU of its reports fills (each GPU's {key: mean}), in COLUMNS' order."""
+    return [c for c, _ in COLUMNS if c != "SM Issue %" and any(c in columns_of(m or {}) for m in gpu_metrics)]
 
 
-def lab_cell(metrics: dict[str, Any] | None, column: str) -> str:
+def lab_cell(metrics: Mapping[str, float | None] | None, column: str) -> str:
     """A GPU's mean in one of lab_columns."""
     have = columns_of(metrics or {})
-    if column not in have:
+    if column not in have or metrics is None or (value := metrics[have[column][0]]) is None:
         return NA
-    key, unit = have[column]
-    return f"{metrics[key]:.1f}" + ("" if unit == "%" else " MB/s") if metrics else NA
+    return f"{value:.1f}" + ("" if have[column][1] == "%" else " MB/s")

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from pydantic import BaseModel
 
@@ -34,7 +34,7 @@ from ..scaling.machine import machine_of
 from ..scaling.step import bound_of, own_terms, step_of
 from ..record.metrics import Metrics
 from ..record.parse import parse_summary
-from ..record.summary import CommConfig, Incomplete, Machine, PcieOverlap, Run, Summary, Unplaced
+from ..record.summary import CommConfig, Gpu, Incomplete, Machine, PcieOverlap, Rank, Run, Summary, Unplaced
 from .whatif_folder import lab_section
 from ..scaling.run_facts import run_block
 from .cells import metrics_beside
@@ -68,8 +68,8 @@ class LabRow(TypedDict):
     epoch_s: float | None
     measured_epoch: Measured
     incomplete: Incomplete | None
-    ranks: list[dict[str, Any]]
-    gpu_table: list[dict[str, Any]] | None
+    ranks: list[Rank]
+    gpu_table: list[Gpu] | None
     verdict: dict[str, Any]
     machine: Machine
     comm_config: CommConfig | None
@@ -232,8 +232,7 @@ def summary_row(summary: Summary | dict[str, object], entry: dict[str, Any], met
             "gpus": gpus, "unit": unit, "cell": _count(gpus, unit), "ran": _ran(processes, ran_gpus),
             "processes": processes, "gpus_ran": ran_gpus, "convention": getattr(summary, "convention", None),
             "epoch_s": measured["s"], "measured_epoch": measured, "incomplete": summary.incomplete,
-            "ranks": [r.model_dump(include=RANK_FIELDS) for r in summary.ranks],
-            "gpu_table": [g.model_dump() for g in summary.gpus] if summary.gpus else None,
+            "ranks": summary.ranks, "gpu_table": summary.gpus or None,
             "verdict": verdict(summary), "machine": summary.machine or Machine(),
             "comm_config": summary.comm_config, "run": summary.run, "pcie_overlap": report_overlap(summary),
             "gpu_metrics_unplaced": summary.gpu_metrics_unplaced, "figure": {}, "speedup": None,
@@ -252,9 +251,15 @@ def report_overlap(summary: Summary) -> PcieOverlap | None:
 
 
 def _saved(row: LabRow) -> dict[str, Any]:
-    """lab.json's entry of a row: its fields as JSON, the parsed summary left out (its report's own)."""
-    return {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
-            for k, v in row.items() if k != "summary"}
+    """lab.json's entry of a row: its fields as JSON, the parsed summary left out (its report's own), of its
+    ranks the fields RANK_FIELDS names."""
+    def as_json(key: str, value: object) -> object:
+        if isinstance(value, list) and key == "ranks":
+            return [r.model_dump(mode="json", include=RANK_FIELDS) for r in cast(list[Rank], value)]
+        if isinstance(value, list):
+            return [v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v for v in cast(list[object], value)]
+        return value.model_dump(mode="json", by_alias=True) if isinstance(value, BaseModel) else value
+    return {k: as_json(k, v) for k, v in row.items() if k != "summary"}
 
 
 def _remove_empty(*folders: Path) -> None:
@@ -372,10 +377,10 @@ def _gpu_tables(rows: list[LabRow]) -> list[str]:
     without = [r["name"] for r in rows if not r["gpu_table"]]
     none_here = (f"No CUDA activity in {'these reports' if len(without) == len(rows) else ', '.join(without)}"
                  " (CPU runs): no GPU to show.") if without else ""
-    metric_keys = lab_columns([g for r in rows for g in r["gpu_table"] or ()])
-    per_gpu = ["| " + " | ".join([r["name"], str(g["device"]), _pct(g["kernel_busy_share"]),
-                                   _pct(g["compute_busy_share"]), _num(g["nccl_kernel_s"], 3),
-                                   _num(g["peak_memory_mb"], 0), *(lab_cell(g["metrics"], k) for k in metric_keys)]) + " |"
+    metric_keys = lab_columns([g.metrics for r in rows for g in r["gpu_table"] or ()])
+    per_gpu = ["| " + " | ".join([r["name"], str(g.device), _pct(g.kernel_busy_share), _pct(g.compute_busy_share),
+                                   _num(g.nccl_kernel_s, 3), _num(g.peak_memory_mb, 0),
+                                   *(lab_cell(g.metrics, k) for k in metric_keys)]) + " |"
                for r in rows for g in r["gpu_table"] or ()]
     lines = ["", "## Per GPU", "", "Busy shares are of the epochs' length; GPU metrics (nsys' sampling, percent of "
              "peak unless a rate) are means inside the epochs.", ""]
@@ -384,8 +389,8 @@ def _gpu_tables(rows: list[LabRow]) -> list[str]:
                                      *metric_keys]) + " |", "|---" * (6 + len(metric_keys)) + "|", *per_gpu]
     lines += [none_here] if none_here else []
     lines += _metric_lines(rows)
-    copies = [f"| {r['name']} | {g['device']} | {kind} | {c['count']} | {_num(c['mb'], 1)} | {_num(c['seconds'], 4)} |"
-              for r in rows for g in r["gpu_table"] or () for kind, c in g["memcpy"].items()]
+    copies = [f"| {r['name']} | {g.device} | {kind} | {c.count} | {_num(c.mb, 1)} | {_num(c.seconds, 4)} |"
+              for r in rows for g in r["gpu_table"] or () for kind, c in g.memcpy.items()]
     lines += ["", "## Copies (memcpy inside the epochs)", ""]
     if copies:
         lines += ["| report | GPU | kind | count | MB | s |", "|---|---|---|---|---|---|", *copies]

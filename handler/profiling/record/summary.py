@@ -122,6 +122,16 @@ class Overall(Record):
     """GPU idle while the training thread waits for data, over the GPUs' training time."""
 
 
+class Copies(Record):
+    """One kind of memcpy on a GPU inside the epochs."""
+    count: Count
+    """How many copies."""
+    mb: Number
+    """Their megabytes."""
+    seconds: Time
+    """Their summed duration."""
+
+
 class Gpu(Record):
     """One CUDA device that ran kernels, over the epochs of the ranks that used it (devices.py)."""
     device: Count = 0
@@ -136,6 +146,12 @@ class Gpu(Record):
     """The epochs' length on this GPU."""
     nccl_kernel_s: Time
     """NCCL kernels starting inside the epochs: a measured link's time."""
+    peak_memory_mb: SizeOrNull = None
+    """The peak of its allocated device memory (--cuda-memory-usage); null: not recorded."""
+    memcpy: dict[str, Copies] = {}
+    """memcpy inside the epochs, by kind (h2d, d2h, d2d, ...)."""
+    metrics: dict[str, AnyNumberOrNull] | None = None
+    """GPU metrics inside the epochs: {key: mean}; null without GPU metrics."""
 
 
 class CommConfig(Record):
