@@ -78,13 +78,18 @@ def test_a_thread_named_as_dalis_counts_as_the_loader_not_the_rank():
         done.wait()
 
     thread = threading.Thread(target=pool_thread)
+    before = time.process_time()  # the whole process: every thread, the burn and whatever else ran
     clock = cpu_time.CpuClock()
     thread.start()
-    burned.wait()  # no polling here: the rank's own thread spends (almost) nothing meanwhile
+    burned.wait()
     rank_s, workers_s, dali_s = clock.read()
+    total = time.process_time() - before
     done.set()
     thread.join()
     tick = 1 / cpu_time.TICK
-    assert dali_s == pytest.approx(own[0], abs=2 * tick)  # /proc counts in ticks
-    assert rank_s < 0.1 < dali_s  # the burn is the DALI thread's, taken out of the rank's own
+    assert dali_s == pytest.approx(own[0], abs=2 * tick)  # the burn, as the thread's own clock read it (/proc: ticks)
+    # the burn is taken out of the rank's own, once: what the rest of the process spent (on a busy box, its
+    # other threads and the /proc scans can take a tenth of a second) stays the rank's
+    assert rank_s + dali_s <= total + 1e-6
+    assert rank_s <= total - own[0] + 2 * tick
     assert workers_s == 0.0
