@@ -9,7 +9,7 @@ from typing import Any
 import bisect
 from dataclasses import asdict
 
-from handler.runtime.names import BATCH, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHASES
+from handler.runtime.names import BATCH, DATA, DATA_GPU, EPOCH, OUTSIDE_TRAINING, PHASES
 
 from .bubble import pipeline_stats
 from .devices import gpu_table
@@ -20,7 +20,7 @@ from .gpu_metrics import device_map
 from .gpu_metrics.summary import rank_metrics, rank_pcie_overlap, rank_phase_metrics, unplaced
 from .gpu_view import gpu_stats, pipeline_threads
 from .scaling.run_facts import run_block
-from .stats import nesting_parents, percentile as _percentile
+from .stats import intersect, length, merge, nesting_parents, percentile as _percentile, subtract
 from .trace import Process, Range, Trace
 
 GPU_PHASES = (*PHASES, DATA_GPU)
@@ -124,7 +124,7 @@ def _rank(process: Process, trace: Trace) -> dict:
         "pcie_overlap": rank_pcie_overlap(trace, process),
         "gpu_metrics_gpus": {str(cuda): gpu for cuda, gpu in gpus.items()} if metrics else None,
         **setup_ranges(process.ranges, [r for _, r in epochs]),
-        "loop": loop_stats([r for _, r in epochs], batches, phase_ranges),
+        "loop": loop_stats([r for _, r in epochs], batches, phase_ranges, [r for r in process.ranges if r.name == DATA]),
         "nccl_ranges": _named_totals(r for r in process.ranges if r.name.startswith(NCCL_RANGE)),
         "incomplete": asdict(process.cut_short) if process.cut_short else None,
     }
@@ -160,11 +160,12 @@ def setup_ranges(ranges, epochs: list[Range]) -> dict:
                                 for (library, by), totals in libraries.items()]}
 
 
-def loop_stats(epochs: list[Range], batches: list[Range], phase_ranges: dict) -> dict:
+def loop_stats(epochs: list[Range], batches: list[Range], phase_ranges: dict, data_ranges: list[Range] = ()) -> dict:
     """Per rank, what the lab computes by hand, over the complete epochs (a run stopped inside an
     epoch never closes its range; the steps it began there are left out): epoch time over steps,
     the time inside the step ranges and between them (a loop that does not mark its data fetch
-    waits for data there), and ms per step of each phase."""
+    waits for data there; one that marks it between its steps, as PyTorch's MNIST example's `Data
+    loading`, has data_ranges there: their union outside the steps), and ms per step of each phase."""
     epoch_s = sum(e.seconds for e in epochs)
     bounds = sorted((e.start, e.end) for e in epochs)
     starts = [b[0] for b in bounds]
@@ -179,6 +180,10 @@ def loop_stats(epochs: list[Range], batches: list[Range], phase_ranges: dict) ->
     return {"epochs_s": epoch_s, "epochs": len(epochs), "steps": steps,
             "steps_per_epoch": steps / len(epochs) if epochs else None, "step_mean_ms": per_step(epoch_s),
             "inside_steps_ms": per_step(inside), "between_steps_ms": per_step(epoch_s - inside) if epochs else None,
+            "between_steps_data_ms": per_step(length(subtract(intersect(merge((r.start, r.end) for r in data_ranges),
+                                                                        merge(bounds)),
+                                                              merge((b.start, b.end) for b in kept))) / 1e9)
+            if epochs else None,
             "phase_ms": {name: per_step(seconds) for name, seconds in own.items()}}
 
 

@@ -39,8 +39,10 @@ def one_line(summary: dict) -> str:
         parts.append(f"comm {pct(overall['comm_share'])} (exposed {pct(overall['comm_exposed_share'])})")
     if summary.get("convention", "ours") != "ours":  # their loops mark no data fetch: it waits between steps
         loops = [r["loop"] for r in summary["ranks"] if r.get("loop") and r["loop"]["step_mean_ms"]]
-        between = sum(lp["between_steps_ms"] or 0.0 for lp in loops) / sum(lp["step_mean_ms"] for lp in loops) if loops else None
-        parts.append(f"between steps {pct(between)}")
+        step_ms = sum(lp["step_mean_ms"] for lp in loops)
+        between = sum(lp["between_steps_ms"] or 0.0 for lp in loops) / step_ms if loops else None
+        data = sum(lp.get("between_steps_data_ms") or 0.0 for lp in loops) / step_ms if loops else 0.0
+        parts.append(f"between steps {pct(between)}" + (f" (data ranges {pct(data)})" if data else ""))
     window = covered(summary.get("capture_window")) if (summary.get("capture_window") or {}).get("outside") else ""
     return "profile: " + ", ".join(parts) + (" [GPU time]" if gpu else "") + (f" [{window}]" if window else "")
 
@@ -129,11 +131,13 @@ def loop_sections(summary: dict) -> list[str]:
     NCCL's ranges, the per-GPU table."""
     ranks = [r for r in summary["ranks"] if r.get("loop")]
     lines = _section("Steps", "Step time is epoch time over steps; between steps is what no step range covers: "
-                     "for a loop that does not mark its data fetch, its wait for data. Phases in ms per step.",
-                     ["rank", "steps", "step ms", "inside steps ms", "between steps ms",
+                     "for a loop that does not mark its data fetch, its wait for data; of it, the time in `data` ranges (a loop "
+                     "that marks its fetch there). Phases in ms per step, inside the steps.",
+                     ["rank", "steps", "step ms", "inside steps ms", "between steps ms", "of it data ms",
                       *(f"{p} ms" for p in PHASES)],
                      [[who(r), str(r["loop"]["steps"]), num(r["loop"]["step_mean_ms"], 1),
                        num(r["loop"]["inside_steps_ms"], 1), num(r["loop"]["between_steps_ms"], 1),
+                       num(r["loop"].get("between_steps_data_ms"), 1),
                        *(num(r["loop"]["phase_ms"][p], 2) for p in PHASES)] for r in ranks])
     setup = [[who(r), s["name"], str(s["count"]), num(s["total_s"], 3)] for r in ranks for s in r.get("setup") or ()]
     if setup:

@@ -26,6 +26,9 @@ class Loop(Record):
     """Per step, the time inside the step ranges."""
     between_steps_ms: MsOrNull
     """Per step, the time between the step ranges (a loop that fetches its batch there waits for data there)."""
+    between_steps_data_ms: MsOrNull = None
+    """Of it, per step, the time inside `data` ranges (a loop that marks its fetch between its steps, as PyTorch's
+    MNIST example's `Data loading`)."""
     phase_ms: dict[str, MsOrNull]
     """ms per step of each phase (data, h2d, forward, backward, optimizer): its own time, nested phases left out."""
 

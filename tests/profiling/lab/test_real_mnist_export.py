@@ -118,3 +118,25 @@ def test_one_epoch_range_without_a_number_is_epoch_0_and_unmatched_phases_are_on
     assert summary["phases_unmatched"].startswith("no range inside the steps bears a phase name of the user mapping")
     assert "--ranges" in summary["phases_unmatched"]
     assert f"**Phases not read**: {summary['phases_unmatched']}." in markdown(summary, "mnist")
+
+
+def test_its_data_loading_between_the_steps_is_the_loops_wait_not_nothing(read, export):
+    """Its `Data loading` ranges lie between its `Batch N` ranges, not inside them: the head line said
+    data-stall 0 % and between steps 95 %, without a word of the loader. The share of the time between
+    the steps its data ranges cover equals SQL's sum over them (the export's own, inside `Epoch 2`)."""
+    _, summary = read
+    loop = summary["ranks"][0]["loop"]
+    start, end = _epoch(export)
+    ranges = _sql(export, "SELECT n.start, n.end, COALESCE(n.text, s.value) FROM NVTX_EVENTS n LEFT JOIN StringIds s "
+                          "ON s.id = n.textId WHERE n.start >= ? AND n.end <= ? AND (COALESCE(n.text, s.value) = "
+                          "'Data loading' OR COALESCE(n.text, s.value) LIKE 'Batch %')", start, end)
+    data = sorted((a, b) for a, b, name in ranges if name == "Data loading")
+    batches = sorted((a, b) for a, b, name in ranges if name != "Data loading")
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(data, data[1:]))  # one after the other
+    inside = sum(max(0, min(b, d) - max(a, c)) for a, b in data for c, d in batches)
+    expected_ms = (sum(b - a for a, b in data) - inside) / 1e6 / loop["steps"]
+    assert loop["between_steps_data_ms"] == pytest.approx(expected_ms, rel=1e-9)
+    assert 0 < loop["between_steps_data_ms"] <= loop["between_steps_ms"]
+    share = loop["between_steps_data_ms"] / loop["step_mean_ms"]
+    assert f"between steps {loop['between_steps_ms'] / loop['step_mean_ms'] * 100:.1f} % (data ranges {share * 100:.1f} %)" \
+        in markdown(summary, "aip.nsys-rep")
