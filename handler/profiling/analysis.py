@@ -5,6 +5,7 @@ inflate training shares. Shares are of summed batch time; what no phase covers i
 A phase's time is its own: the loop's `data` holds the loader's `h2d`, which counts as `h2d`
 only. Every name comes from handler/runtime/names.py, as the training side's do.
 """
+from collections.abc import Sequence
 from typing import Any
 import bisect
 from dataclasses import asdict
@@ -48,6 +49,7 @@ def summarize(trace: Trace, metrics: dict[str, Any] | None = None, report: Any =
                "ranks": ranks, "overall": _overall(ranks)}
     summary["gpu_metrics_mapping"] = _mapping(trace, ranks) if trace.metrics else None
     summary["gpu_metrics_unplaced"] = unplaced(trace)
+    summary["gpu_metrics_unread"] = trace.metrics_unread
     summary["stragglers"] = stragglers(first_comm_per_process(trace))
     summary["metrics_comparison"] = _compare(ranks[0], metrics) if metrics else None
     summary["comm_config"] = comm_config(metrics)
@@ -160,7 +162,7 @@ def setup_ranges(ranges, epochs: list[Range]) -> dict:
                                 for (library, by), totals in libraries.items()]}
 
 
-def loop_stats(epochs: list[Range], batches: list[Range], phase_ranges: dict, data_ranges: list[Range] = ()) -> dict:
+def loop_stats(epochs: list[Range], batches: list[Range], phase_ranges: dict, data_ranges: Sequence[Range] = ()) -> dict:
     """Per rank, what the lab computes by hand, over the complete epochs (a run stopped inside an
     epoch never closes its range; the steps it began there are left out): epoch time over steps,
     the time inside the step ranges and between them (a loop that does not mark its data fetch

@@ -21,7 +21,7 @@ from handler.runtime.names import BATCH, EPOCH, HOST, RANK
 from .columns import KERNELS, RUNTIME, TRANSFERS, GpuColumns, load_gpu
 from .conventions import OURS, Convention, detect, library_of
 from .devices import Copies, load_copies, load_peaks
-from .gpu_metrics import MetricsSource, find_source
+from .gpu_metrics import MetricsSource, find_source, unread
 from .nsys import damaged, export_problem, not_an_export, open_export
 
 @dataclass(frozen=True, slots=True)  # one per NVTX range: 70 k of them in a 30-epoch run
@@ -69,6 +69,7 @@ class Trace:
     copies: Copies | None = None  # memcpy rows with their kind and bytes; None: none recorded
     memory_peaks: dict | None = None  # CUDA device -> peak bytes (--cuda-memory-usage); None: not recorded
     hostname: str | None = None  # TARGET_INFO_SYSTEM_ENV `Hostname`: the host nsys recorded on; None: not exported
+    metrics_unread: str | None = None  # why GPU-metric rows the export holds were not read (gpu_metrics.unread)
 
 
 def _pid(global_id: int) -> int:
@@ -92,6 +93,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
         names, devices = _thread_names(db, tables), _cuda_devices(db, tables)
         copies, peaks = load_copies(db, tables, columns, path), load_peaks(db, tables, columns, path)
         hostname = _hostname(db, tables)
+        metrics_unread = unread(db, tables) if metrics is None else None
         _check(db, path, tables - {*WALKED, *([metrics.layout] if metrics is not None else [])})
     processes, source, given = (), "", convention
     if convention is None:  # ours first, exactly as before; another convention only where ours finds nothing
@@ -112,7 +114,7 @@ def load_trace(path: Path, convention: Convention | None = None) -> Trace:
                         "the lab kit ('Epoch N' > 'Batch N') or torch.profiler ('ProfilerStep#N') name them; "
                         "name yours with --ranges epoch='Epoch *' step='Batch *' (docs/PROFILING.md)")
     processes = tuple(_cut_short(p, capture_end) for p in processes)
-    return Trace(processes, source, gpu, metrics, names, devices, (convention or OURS).name, copies, peaks, hostname)
+    return Trace(processes, source, gpu, metrics, names, devices, (convention or OURS).name, copies, peaks, hostname, metrics_unread)
 
 
 WALKED = (KERNELS, *TRANSFERS, RUNTIME, "NVTX_EVENTS")  # read row by row in load_trace: a damaged page fails the read

@@ -137,6 +137,35 @@ def find_source(path: Path, db, tables: set[str]) -> MetricsSource | None:
     return None
 
 
+def unread(db, tables: set[str]) -> str | None:
+    """Why an export that holds GPU-metric rows gave none (find_source found no source), in one line; None
+    where it holds none (a run without --gpu-metrics-device) or its rows are another sampler's."""
+    if "GPU_METRICS" in tables and db.execute("SELECT 1 FROM GPU_METRICS LIMIT 1").fetchone():
+        return ("its GPU_METRICS table holds samples but no TARGET_INFO_GPU_METRICS table names their metrics; "
+                "export the report again with the nsys that recorded it")
+    if "GENERIC_EVENTS" not in tables:
+        return None
+    missing = [t for t in ("GENERIC_EVENT_SOURCES", "GENERIC_EVENT_TYPES") if t not in tables]
+    if missing and not db.execute("SELECT 1 FROM GENERIC_EVENTS LIMIT 1").fetchone():
+        return None
+    if missing:
+        return (f"its GENERIC_EVENTS table holds rows but the export has no {' or '.join(missing)}, so none can be "
+                "told to be the GPU-metrics sampler's (nsys 2022.x); export the report again")
+    sources = [sid for sid, data in db.execute("SELECT sourceId, data FROM GENERIC_EVENT_SOURCES")
+               if _json(data).get("Name") == GPU_METRICS_SOURCE]
+    if not sources:
+        return None  # another sampler's events (ETW, ftrace, ...): not GPU metrics
+    fields = sorted({str(entry.get("Name")) for (data,) in db.execute(
+        f"SELECT data FROM GENERIC_EVENT_TYPES WHERE sourceId IN ({', '.join(map(str, sources))})")
+        for entry in _json(data).get("Fields") or () if isinstance(entry, dict)})
+    if not fields:
+        return "the GpuMetrics sampler's GENERIC_EVENT_TYPES rows name no field: its samples cannot be read"
+    if not any(metric_key(f) for f in fields):
+        return (f"none of the {len(fields)} metrics the GpuMetrics sampler recorded is one the report reads "
+                f"({', '.join(fields[:4])}{', ...' if len(fields) > 4 else ''}; docs/PROFILING.md lists the names)")
+    return "the GpuMetrics sampler is named but GENERIC_EVENTS holds no sample of it (a capture that ended first?)"
+
+
 def _ids(series) -> str:
     return ", ".join(str(t) for t in sorted({s.type_id for s in series}))
 

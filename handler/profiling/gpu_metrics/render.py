@@ -40,6 +40,8 @@ def sections(summary: dict, who, section) -> list[str]:
     per_gpu = [(r, gpu, values) for r in ranks for gpu, values in (r.get("gpu_metrics") or {}).items()]
     clean = mapping == "TARGET_INFO_CUDA_DEVICE"
     unplaced = (summary.get("gpu_metrics_unplaced") or {}).get("lines") or []
+    if unread := summary.get("gpu_metrics_unread"):
+        return [f"**GPU metrics not read:** {unread}.", ""]
     if not per_gpu and (clean or mapping is None) and not unplaced:
         return []
     used = [c for c, _ in COLUMNS if any(c in columns_of(v) for _, _, v in per_gpu)]

@@ -363,6 +363,7 @@ def _metric_lines(rows: list[LabRow]) -> list[str]:
                          else f"- {r['name']}: PCIe TX never busy ({overlap.busy_at}) inside the epochs")
         unplaced = r["gpu_metrics_unplaced"]
         lines += [f"- {r['name']}: {line}" for line in (unplaced.lines if unplaced else ())]
+        lines += [f"- {r['name']}: GPU metrics not read: {unread}"] if (unread := r["summary"].gpu_metrics_unread) else []
     return ["", *lines] if lines else []
 
 

@@ -317,3 +317,6 @@ class Summary(Record):
     """The NVTX naming convention the report's ranges were read by (conventions.py)."""
     gpu_metrics_unplaced: Unplaced | None = None
     """null without GPU metrics."""
+    gpu_metrics_unread: TextOrNull = None
+    """Why the GPU-metric rows the export holds were not read (no table naming them, no sampler's source, no
+    metric the report reads); null where it holds none or they were read."""

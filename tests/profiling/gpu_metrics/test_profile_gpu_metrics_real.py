@@ -82,3 +82,36 @@ def test_the_lab_page_shows_the_metrics_and_the_figure_their_lanes(export, tmp_p
 
 def summary_mean(export: Path, key: str) -> float:
     return sql_means(export)[0][key]
+
+
+UNREAD = {  # how an export is changed -> the start of the one line the report gives for its GPU-metric rows
+    "no GENERIC_EVENT_SOURCES": ("DROP TABLE GENERIC_EVENT_SOURCES",
+                                 "its GENERIC_EVENTS table holds rows but the export has no GENERIC_EVENT_SOURCES"),
+    "no GENERIC_EVENT_TYPES": ("DROP TABLE GENERIC_EVENT_TYPES",
+                               "its GENERIC_EVENTS table holds rows but the export has no GENERIC_EVENT_TYPES"),
+    "no sample": ("DELETE FROM GENERIC_EVENTS", "the GpuMetrics sampler is named but GENERIC_EVENTS holds no sample"),
+    "fields of other names": ("UPDATE GENERIC_EVENT_TYPES SET data = '{\"Fields\": [{\"Name\": \"Fan Speed\"}]}'",
+                              "none of the 1 metrics the GpuMetrics sampler recorded is one the report reads (Fan Speed"),
+    "GPU_METRICS without its names": ("CREATE TABLE GPU_METRICS (timestamp INTEGER, typeId INTEGER, metricId INTEGER, "
+                                      "value INTEGER); INSERT INTO GPU_METRICS VALUES (1, 0, 0, 5); DROP TABLE GENERIC_EVENTS",
+                                      "its GPU_METRICS table holds samples but no TARGET_INFO_GPU_METRICS table"),
+}
+
+
+@pytest.mark.parametrize("change", UNREAD, ids=list(UNREAD))
+def test_gpu_metric_rows_the_report_cannot_read_are_named_in_one_line_never_silent(export, tmp_path, change):
+    """Before, each of these read as a run without GPU metrics: not a word on the page."""
+    sql, expected = UNREAD[change]
+    changed = tmp_path / "changed.sqlite"
+    shutil.copy(export, changed)
+    with closing(sqlite3.connect(changed)) as db:
+        db.executescript(sql)
+    summary = summarize(load_trace(changed))
+    assert summary["gpu_metrics_unread"].startswith(expected)
+    assert summary["ranks"][0]["gpu_metrics"] is None
+    from handler.profiling.render import markdown
+    assert f"**GPU metrics not read:** {summary['gpu_metrics_unread']}." in markdown(summary, "changed.nsys-rep")
+
+
+def test_the_real_exports_metrics_are_read_so_nothing_is_unread(summary):
+    assert summary["gpu_metrics_unread"] is None and summary["ranks"][0]["gpu_metrics"]
