@@ -86,13 +86,16 @@ def merge_arrays(starts, ends) -> tuple:
         order = np.argsort(starts, kind="stable")
         starts, ends = starts[order], ends[order]
         del order
-    # The running furthest end: at the last interval of a merged group it is the group's end.
+    # The running furthest end: at the last interval of a merged group it is the group's end. Masks, not
+    # index arrays: a rank's 1.3 M kernels would hold two int64 indices of each merged interval.
     reach = np.maximum.accumulate(ends)
-    first = np.flatnonzero(np.r_[True, starts[1:] > reach[:-1]])
-    last = np.empty_like(first)
-    last[:-1], last[-1] = first[1:], len(reach)
-    last -= 1
-    return starts[first], reach[last]
+    head = np.empty(len(starts), dtype=bool)
+    head[0] = True
+    np.greater(starts[1:], reach[:-1], out=head[1:])
+    merged_starts = starts[head]
+    head[:-1] = head[1:]  # now the last of each group
+    head[-1] = True
+    return merged_starts, reach[head]
 
 
 def covered_before(merged: tuple, times) -> np.ndarray:
