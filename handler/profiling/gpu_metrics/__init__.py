@@ -119,8 +119,7 @@ def find_source(path: Path, db, tables: set[str]) -> MetricsSource | None:
             (series.append(found) if found else ignored.add(name or ""))
         return MetricsSource(path, "GPU_METRICS", tuple(series), tuple(sorted(ignored)), tuple(sorted(listed)))
     if {"GENERIC_EVENTS", "GENERIC_EVENT_TYPES", "GENERIC_EVENT_SOURCES"} <= tables:
-        sources = {sid for sid, data in db.execute("SELECT sourceId, data FROM GENERIC_EVENT_SOURCES")
-                   if _json(data).get("Name") == GPU_METRICS_SOURCE}
+        sources = _sampler_sources(db)
         series, ignored = [], set()
         for type_id, source_id, data in db.execute("SELECT typeId, sourceId, data FROM GENERIC_EVENT_TYPES"):
             if source_id not in sources:
@@ -151,8 +150,7 @@ def unread(db, tables: set[str]) -> str | None:
     if missing:
         return (f"its GENERIC_EVENTS table holds rows but the export has no {' or '.join(missing)}, so none can be "
                 "told to be the GPU-metrics sampler's (nsys 2022.x); export the report again")
-    sources = [sid for sid, data in db.execute("SELECT sourceId, data FROM GENERIC_EVENT_SOURCES")
-               if _json(data).get("Name") == GPU_METRICS_SOURCE]
+    sources = sorted(_sampler_sources(db))
     if not sources:
         return None  # another sampler's events (ETW, ftrace, ...): not GPU metrics
     fields = sorted({str(entry.get("Name")) for (data,) in db.execute(
@@ -164,6 +162,12 @@ def unread(db, tables: set[str]) -> str | None:
         return (f"none of the {len(fields)} metrics the GpuMetrics sampler recorded is one the report reads "
                 f"({', '.join(fields[:4])}{', ...' if len(fields) > 4 else ''}; docs/PROFILING.md lists the names)")
     return "the GpuMetrics sampler is named but GENERIC_EVENTS holds no sample of it (a capture that ended first?)"
+
+
+def _sampler_sources(db) -> set[int]:
+    """The sourceIds of GENERIC_EVENT_SOURCES that name the 2022.x GPU-metrics sampler."""
+    return {sid for sid, data in db.execute("SELECT sourceId, data FROM GENERIC_EVENT_SOURCES")
+            if _json(data).get("Name") == GPU_METRICS_SOURCE}
 
 
 def _ids(series) -> str:
