@@ -90,8 +90,13 @@ def hook_of(metrics: Metrics | None) -> CommConfig | None:
 
 
 def default_buckets(grad_mb: float, cap_mb: float) -> int:
-    """DDP's buckets for grad_mb of gradients: the first of 1 MB, then cap_mb each."""
-    return 1 + max(0, math.ceil((grad_mb - FIRST_BUCKET_MB) / cap_mb))
+    """DDP's buckets for grad_mb of gradients: the first of 1 MB, then cap_mb each; never more than one a
+    gradient value (fp32: 4 bytes), however small the cap (1e-323 MB would be an infinity of buckets)."""
+    rest = max(0.0, grad_mb - FIRST_BUCKET_MB)
+    if not rest:
+        return 1
+    most, per = math.ceil(rest * 1e6 / 4), rest / cap_mb  # per: inf where the cap is too small to divide by
+    return 1 + (math.ceil(per) if per < most else most)
 
 
 def measured(split: Split, summary: Summary, sent: Payload, source: str) -> Link | None:

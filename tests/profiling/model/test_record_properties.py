@@ -5,7 +5,7 @@ is the same summary once written and read again (the report writes through them)
 import json
 import math
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from handler.compare.cells import Cell, Variant
@@ -35,8 +35,17 @@ def finite_cells(found: whatif.Prediction) -> bool:
     return all(math.isfinite(c[k]) and c[k] >= 0 for c in cells for k in ("epoch_s", "keeps_up_epoch_s", "step_ms"))
 
 
+# Found by this test: a bucket cap of 1e-323 MB made DDP's bucket count infinite (an OverflowError).
+TINY_CAP = {"ranks": [{"loop": {"epochs_s": 0.0, "phase_ms": {}, "between_steps_ms": -1e-09, "step_mean_ms": None,
+                                "inside_steps_ms": 0.0, "epochs": 0, "steps": 10**12}},
+                      {"loop": {"epochs_s": 1.0, "epochs": 1, "steps": 1, "step_mean_ms": 0.0, "inside_steps_ms": None,
+                                "between_steps_ms": None, "phase_ms": {}}}],
+            "overall": {"epoch_mean_s": None}, "comm_config": {"bucket_cap_mb": 1e-323}}
+
+
 @SOME
 @given(summaries(), st.sampled_from(((1,), (1, 2, 4, 8), (3, 16))))
+@example(TINY_CAP, (1,))
 def test_the_whatif_on_any_summary_the_records_take_is_finite_or_one_line(summary, counts):
     try:
         found = whatif.predictions(summary, counts)
