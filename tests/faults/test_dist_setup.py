@@ -34,6 +34,7 @@ for argv in " ".join(sys.argv[1:]).split(" :: "):
 """
 
 
+@pytest.mark.slow  # 21 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_under_torchrun_its_world_size_decides_and_num_gpu_must_agree(tmp_path):
     script = tmp_path / "parse.py"
     script.write_text(PARSE)

@@ -222,6 +222,7 @@ def wait_for_text(proc, text, budget):
 STOP_TIMEOUT, NAMED_WITHIN = 12, 8
 
 
+@pytest.mark.slow  # 17 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_sigstopped_rank_is_named_with_its_host_before_the_collective_times_out(
         data_root, tmp_path, killer_cleanup):
     proc = start(["--mode", "ddp", "--num_gpu", 2, "--data", data_root, "--ckpt", tmp_path, "--epochs", 30,
@@ -279,8 +280,9 @@ def test_sigkill_of_one_torchrun_worker_ends_the_job_fast(data_root, tmp_path, k
     load_checkpoint(str(tmp_path / "last.pt"), "cpu")
 
 
-# SIGTERM to the launcher (twice the time of Ctrl-C): CI's slow step (pytest.ini).
-@pytest.mark.parametrize("how", [pytest.param("SIGTERM to the launcher", marks=pytest.mark.slow), "Ctrl-C to the process group"])
+# SIGTERM to the launcher (twice the time of Ctrl-C) and Ctrl-C (22 s): CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box.
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "Ctrl-C to the process group"])
 def test_signal_stops_all_ranks_at_a_step_with_a_checkpoint(how, data_root, tmp_path, killer_cleanup):
     # 2 epochs: the stop lands in the last one, and the resume finishes it.
     args = ["--mode", "ddp", "--data", data_root, "--ckpt", tmp_path, "--epochs", 2, *LONG]

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from handler.runtime.torchrun import failure_line
 from tests.conftest import ROOT, SLACK, run_process
 
@@ -35,6 +37,7 @@ def test_a_worker_killed_by_a_signal_gives_128_plus_its_number():
     assert status == 137 and line.startswith("torchrun: rank 1 (local rank 1 on node2) was killed by SIGKILL first")
 
 
+@pytest.mark.slow  # 22 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_torchrun_told_to_stop_says_so_in_one_line_without_a_traceback(tmp_path):
     """Slurm ends the step on the other nodes with SIGTERM once one node's rank failed; that
     torchrun printed torch's SignalException traceback after the failing rank's one line."""

@@ -46,6 +46,7 @@ def train(tmp_path, tree, *extra):
     return proc, json.loads(metrics.read_text()) if metrics.exists() else None
 
 
+@pytest.mark.slow  # 60 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_the_kits_command_on_a_small_tree_holds_out_a_tenth_and_says_so(tmp_path):
     tree = write_tree(tmp_path / "tree")
     proc, metrics = train(tmp_path, tree)
@@ -63,6 +64,7 @@ def test_an_explicit_valid_size_too_large_for_the_set_keeps_its_one_line_error(t
     assert line == "error: --valid-size 5000 leaves no training images (the training set has 40); use less than 40, or 0"
 
 
+@pytest.mark.slow  # 51 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_class_with_no_training_images_and_one_missing_from_train_are_named(tmp_path):
     """train/deer/ empty (test/deer/ full): warned by name; train/horse/ gone (test/horse/ there):
     its test images are named as left out, in the warning and in the metrics."""

@@ -5,6 +5,8 @@ Python, which runs everything else as the real one with CUDA hidden."""
 import os
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, run_process
 
 TINY = ["--epochs", "1", "--model", "resnet20", "--dataset", "synthetic", "--synthetic-train", "64",
@@ -22,6 +24,7 @@ CUDA_VISIBLE_DEVICES= exec {sys.executable} "$@"
     return python
 
 
+@pytest.mark.slow  # 88 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_the_kits_run_flow_on_one_gpu_runs_one_and_skips_two_in_one_line(tmp_path):
     for name in ("scripts", "handler", "models", "train_cifar.py"):  # outputs land in tmp_path
         os.symlink(ROOT / name, tmp_path / name)

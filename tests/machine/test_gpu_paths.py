@@ -73,6 +73,7 @@ def test_amp_bf16_runs_on_ampere_and_newer(gpus_like):
     assert parse_config(["--mode", "ddp", "--amp", "bf16"], cuda_count=2).amp == "bf16"
 
 
+@pytest.mark.slow  # 35 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_on_a_v100_gpu_check_skips_the_bf16_row_and_its_2_gpu_dp_row_uses_fp16(gpus_like, tmp_path, capsys,
                                                                              nsys_turn):
     gpus_like(V100, count=2)

@@ -80,6 +80,7 @@ def ddp_scaling_rank_then_threads(proc_id, world, port, out_dir):
         json.dump(names, f)
 
 
+@pytest.mark.slow  # 16 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
 def test_ddp_scaling_ranks_end_their_process_group_before_the_interpreter_exits(tmp_path):
     """The SIGABRT at exit ("terminate called without an active exception", rank 0): DDP's set-up

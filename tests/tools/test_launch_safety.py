@@ -106,6 +106,7 @@ def process_exists(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0] != "Z"
 
 
+@pytest.mark.slow  # 16 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_hung_nsys_is_ended_after_the_timeout_with_a_one_line_cause(tmp_path, fake_nsys):
     stuck, agent = tmp_path / "stuck.pid", tmp_path / "agent.pid"
     started = time.monotonic()
@@ -130,6 +131,7 @@ def test_a_hung_nsys_is_ended_after_the_timeout_with_a_one_line_cause(tmp_path, 
     assert not agent_left, "nsys's agent, a daemon outside its process tree, outlived the ended nsys"
 
 
+@pytest.mark.slow  # 17 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_busy_nsys_writing_its_report_is_never_ended(tmp_path, fake_nsys):
     """Report generation after a long run can outlast NSYS_EXIT_TIMEOUT; only a tree that makes
     no progress is ended."""

@@ -253,6 +253,7 @@ def assert_uniform(draws) -> None:
     assert abs(draws[2].sum() - n / 2) <= 5 * np.sqrt(n / 4)
 
 
+@pytest.mark.slow  # 22 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_file_source_crops_and_flips_are_the_references_drawn_uniformly(tmp_path):
     """Same distribution: DALI draws inside its graph, so each output must be exactly the
     reference for one (top, left, flip), and those must spread uniformly."""

@@ -19,7 +19,7 @@ def test_a_one_host_run_records_every_rank_on_this_host_and_one_node(two_epoch_r
     assert env["nodes"] == 1
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])  # fsdp's two-epoch run: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_run_records_its_whole_models_gradient_mb_in_its_metrics(two_epoch_run, mode):
     """fsdp too: counted before wrapping, where its parameters are still whole, not shards."""
     from models import build_model

@@ -27,7 +27,7 @@ class Busy(Dataset):
         return x[0, 0]
 
 
-@pytest.mark.parametrize("mode", ["ddp", "ddp_dali"])
+@pytest.mark.parametrize("mode", ["ddp", pytest.param("ddp_dali", marks=pytest.mark.slow)])  # ddp_dali's two-epoch run: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_real_runs_metrics_carry_each_epochs_cpu_time_per_step_and_rank(mode, two_epoch_run):
     _, folder = two_epoch_run(mode)
     m = read_metrics(folder / "metrics.json")
