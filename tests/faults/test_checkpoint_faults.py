@@ -28,6 +28,7 @@ def small_tmpfs(folder, size_bytes: int):
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
+@pytest.mark.slow  # 16 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(two_epoch_run, tmp_path):
     """Room for last.pt but not for the next save beside it: rank 0's write fails with ENOSPC.
     Before, that was 62 lines: rank 0's traceback, rank 1's lost rank 0, the launcher's."""

@@ -16,6 +16,7 @@ from handler.train.config import Config
 from tests.dist_workers import dies_when_stopped
 
 
+@pytest.mark.slow  # 12 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_rank_killed_while_stopping_says_the_last_checkpoint_is_unchanged(tmp_path, capsys):
     def stop_once_every_rank_is_up():
         deadline = time.monotonic() + 60

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import pytest
 import torch.distributed as tdist
 
 from tests.conftest import ROOT
@@ -74,6 +75,7 @@ def proxy(front, control, store_port):
                 ends[s].sendall(data)
 
 
+@pytest.mark.slow  # 12 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_store_call_failing_while_the_rank_exits_never_aborts_it():
     store = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=30))

@@ -103,6 +103,7 @@ print("the heartbeat never gave up")
 """
 
 
+@pytest.mark.slow  # 12 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_heartbeat_gives_up_in_one_line_on_a_silent_peer_or_a_store_that_does_not_answer():
     port = closed_port()
     procs = {case: subprocess.Popen([sys.executable, "-c", GIVE_UP, case, str(port)], cwd=ROOT, text=True,

@@ -167,7 +167,8 @@ def test_the_visible_device_entry_that_hides_every_gpu(value, wrong):
     assert devices.unknown_visible_device(value, listing) == wrong
 
 
-@pytest.mark.parametrize("value", ["5", pytest.param("GPU-deadbeef", marks=pytest.mark.slow)])  # the UUID (20 s): CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
+@pytest.mark.slow  # 23 and 20 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
+@pytest.mark.parametrize("value", ["5", "GPU-deadbeef"])
 def test_a_visible_devices_naming_no_gpu_is_named_as_the_cause_in_one_line(value, tmp_path):
     env = {**visible(fake_smi(tmp_path / "bin", gpus=2)), "CUDA_VISIBLE_DEVICES": value}
     proc = run_cli(["-m", "handler.runtime.devices"], env=env, cmd=[sys.executable], timeout=60)

@@ -84,6 +84,7 @@ def test_on_a_v100_gpu_check_skips_the_bf16_row_and_its_2_gpu_dp_row_uses_fp16(g
     assert "2 GPUs: dp fp16 + activation checkpointing" in listed and "dp bf16" not in listed
 
 
+@pytest.mark.slow  # 11 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_on_an_h100_gpu_check_runs_the_bf16_rows(gpus_like, tmp_path, capsys, nsys_turn):
     gpus_like(H100, count=2)
     assert gpu_check.main(["--list", "--no-tests", "--out", str(tmp_path)]) == 0

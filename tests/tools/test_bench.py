@@ -35,6 +35,7 @@ def rates_are_sane(rates: dict) -> None:
         assert stats["min"] <= stats["median"] <= stats["max"], name
 
 
+@pytest.mark.slow  # 10 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_loaders_bench_rates_every_loader_and_the_dali_ratio(tmp_path):
     data = run_bench("loaders", tmp_path)
     rates = data["images_per_s"]
@@ -44,6 +45,7 @@ def test_loaders_bench_rates_every_loader_and_the_dali_ratio(tmp_path):
     assert positive(data["target"]["value"]) and data["target"]["target"] == 4.0
 
 
+@pytest.mark.slow  # 10 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_overhead_bench_compares_the_harness_loop_to_a_bare_loop(tmp_path):
     data = run_bench("overhead", tmp_path)
     assert set(data["images_per_s"]) == {"harness (ddp, world 1)", "loop, unwrapped", "bare"}
@@ -110,6 +112,7 @@ def test_a_ratio_over_zero_is_nan_not_an_error():
 
 
 # ---- bench/nvtx_overhead.py: the NVTX cost benchmark reports sane numbers (no timing thresholds)
+@pytest.mark.slow  # 12 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_nvtx_overhead_quick_reports_per_range_costs(tmp_path):
     out = tmp_path / "nvtx.json"
     run = run_process([sys.executable, "-m", "bench.nvtx_overhead", "--quick", "--json", out], cwd=ROOT, budget=20)

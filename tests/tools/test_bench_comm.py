@@ -148,6 +148,7 @@ def test_targets_name_the_best_hook_and_check_the_done_conditions():
     assert not missed["hosts_prediction_error (more hosts from the 2-host fit, worst cell)"]["met"]
 
 
+@pytest.mark.slow  # 10-20 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_json_has_rows_with_hosts_both_errors_model_and_env(tmp_path, monkeypatch):
     def measured(cluster, size, folder):
         assert size["hosts"] == 4 and comm.hosts_grid(size) == [(1000, 0), (10, 0), (1000, 5)]

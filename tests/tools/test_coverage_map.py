@@ -106,6 +106,7 @@ def test_the_map_names_the_ci_steps_its_data_holds(tmp_path):
     assert coverage_map.steps_measured(tmp_path / "main").startswith("unknown")
 
 
+@pytest.mark.slow  # 8-24 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_map_drawn_inside_a_measured_process_keeps_that_process_s_own_data(tmp_path):
     """coverage.py turns off the saving of a process it started itself (as scripts/coverage.sh
     starts the suite's xdist workers) once any Coverage object is made there: the map's own

@@ -264,6 +264,7 @@ def test_a_bad_nsys_exit_timeout_fails_in_one_line(tmp_path, timeout):
         f"launch: NSYS_EXIT_TIMEOUT='{timeout}' is not a positive number of seconds; e.g. NSYS_EXIT_TIMEOUT=300"]
 
 
+@pytest.mark.slow  # 11 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_profiled_run_under_umask_000_leaves_nothing_world_writable(tmp_path, fake_nsys):
     run = launch(tmp_path, budget=25, PATH=fake_nsys)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -171,6 +171,7 @@ def test_a_diverged_loss_stops_the_epoch_at_the_next_check_not_at_its_end():
     assert loader.taken == CHECK_EVERY < len(loader)
 
 
+@pytest.mark.slow  # 13 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_pp_split_with_no_full_batch_per_process_is_one_line(tmp_path):
     # pp drops the last partial batch (fixed micro-batch shapes): 12 images never fill 16.
     proc = run_cli(["--mode", "pp", "--num_gpu", 1, "--dataset", "synthetic", "--synthetic-train", 12,

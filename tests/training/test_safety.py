@@ -37,8 +37,9 @@ def test_a_fresh_start_over_an_earlier_run_stops_in_one_line_and_keeps_it(earlie
     assert digest(earlier_run / "last.pt") == before
 
 
-# fsdp: CI's slow step (pytest.ini); ddp stays in the main suite.
-@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+# fsdp, and ddp (19 s): CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_a_diverging_run_stops_naming_the_step_and_never_saves(mode, earlier_run, data_root, tmp_path):
     # ddp writes over the earlier run on purpose (--overwrite): its good last.pt must survive
     # the NaN. fsdp starts in an empty folder: nothing at all may be written.
@@ -90,6 +91,7 @@ def test_bf16_counts_as_emulated_without_the_cpu_flags_or_under_an_avx2_cap(tmp_
     assert "emulated" in note and "x the fp32 time" in note
 
 
+@pytest.mark.slow  # 12 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_a_bf16_run_on_an_emulating_cpu_warns_once_and_records_it(data_root, tmp_path):
     tiny = ["--synthetic-train", 16, "--synthetic-test", 8, "--batch-size", 8, "--valid-size", 0]  # 2 steps
     proc = run_cli(["--mode", "dp", "--data", tmp_path / "data", "--ckpt", tmp_path, "--amp", "bf16",
