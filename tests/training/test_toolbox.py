@@ -110,10 +110,9 @@ def test_the_flag_table_follows_validate(monkeypatch):
     assert accepted_flags("dp", 2)[-3:] == ["--dp-balanced", "--amp", "fp16"]
 
 
-# fsdp and ddp_dali (20 and 19 s): CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower
-# 2-core box; pp stays (the main suite's one pp training run), as dp and ddp do
-@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m in ("fsdp", "ddp_dali") else m
-                                  for m in ALL_MODES])
+# fsdp (20 s): CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box (fsdp
+# trains in the main suite in test_ddp_correctness.py); the others are the main suite's training run of their mode
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m == "fsdp" else m for m in ALL_MODES])
 def test_every_mode_trains_with_every_flag_validate_accepts_for_it(mode, data_root, tmp_path):
     # fsdp --channels-last once crashed in fully_shard (non-contiguous parameters), and pp
     # --channels-last failed its first step on torch 2.6-2.11 (stage 0's example input had
