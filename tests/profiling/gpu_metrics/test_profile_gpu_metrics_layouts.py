@@ -180,6 +180,7 @@ def test_phase_means_lie_within_the_samples_and_placed_plus_unplaced_is_all(tmp_
     assert unplaced["unused_gpu"] == len(samples) // 2
 
 
+@pytest.mark.slow  # 9-18 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 def test_the_scale_bench_summarises_both_layouts_alike_at_tiny_size(tmp_path):
     """bench.gpu_metrics_scale --quick: both layouts generated in SQL, summarised in a child process,
     the same means from both, every value placed, and a second run reuses the cached exports."""

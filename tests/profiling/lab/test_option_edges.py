@@ -114,7 +114,7 @@ def test_json_nested_past_reading_is_one_line_at_every_reader(tmp_path, capsys, 
     ("handler.profiling.whatif", ["x.summary.json", "--gp", "1,4"], "--gp"),
     ("handler.profiling.report", ["x.sqlite", "--met", "m.json"], "--met"),
     ("bench.cores_matrix", ["--fr", "DIR"], "--fr"),
-    ("handler.compare", ["--time", "5"], "--time"),
+    pytest.param("handler.compare", ["--time", "5"], "--time", marks=pytest.mark.slow),  # 14 s: CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
 ])
 def test_a_prefix_of_an_option_is_named_never_taken_for_it(module, argv, prefix):
     """Before: `--gp` was `--gpus`, `--met` `--metrics`, `--fr` `--from`: a typo guessed, not named."""

@@ -347,8 +347,9 @@ def test_another_programs_sqlite_taken_as_a_reports_export_says_to_move_it_away(
                          "afresh") and "pass the .nsys-rep" not in line
 
 
-@pytest.mark.parametrize("module", ["handler.profiling.report", "handler.profiling.whatif", "handler.compare",
-                                    "bench.cores_matrix"])
+# compare (15 s: it starts a whole compare): CI's slow step (pytest.ini), to keep the main suite in its 10 minutes on the slower 2-core box
+@pytest.mark.parametrize("module", ["handler.profiling.report", "handler.profiling.whatif",
+                                    pytest.param("handler.compare", marks=pytest.mark.slow), "bench.cores_matrix"])
 def test_an_unknown_flag_or_a_missing_argument_is_one_line_naming_it_not_the_usage_block(module):
     for argv in (["--bogus"], []) if module.startswith("handler.profiling") else (["--bogus"],):  # the others run bare
         done = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO, capture_output=True, text=True,
